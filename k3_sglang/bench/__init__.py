@@ -1,0 +1,1 @@
+"""Benchmarks run by `k3 bench TARGET`."""

@@ -1,0 +1,209 @@
+"""HF `config.json` <-> `K3Config`.
+
+The published checkpoint nests the text model under `text_config` (with the
+quantization_config inside it); a text-only export may be flat. Layer lists are 1-based
+in the file and 0-based in `K3Config`.
+"""
+
+from __future__ import annotations
+
+from k3_sglang.config import (
+    MXFP4_FORMAT,
+    MXFP4_IGNORE,
+    AttnResConfig,
+    K3Config,
+    KDAConfig,
+    MLAConfig,
+    MoEConfig,
+    QuantConfig,
+    SiTUConfig,
+    TokenIds,
+    _require,
+    _take,
+    _take_opt,
+)
+
+TOP_ARCHITECTURE = "KimiK3ForConditionalGeneration"
+TEXT_ARCHITECTURE = "KimiLinearForCausalLM"
+
+
+def _layer_list(lac: dict, name: str, num_layers: int) -> tuple[int, ...]:
+    raw = _take(lac, name, list, "linear_attn_config.")
+    for v in raw:
+        _require(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= num_layers,
+                 f"linear_attn_config.{name}", f"entries are 1-based layer numbers in 1..{num_layers}, got {v!r}")
+    _require(len(set(raw)) == len(raw), f"linear_attn_config.{name}", "duplicate entries")
+    return tuple(sorted(v - 1 for v in raw))
+
+
+def _parse_quant(tc: dict) -> QuantConfig:
+    qc = tc.get("quantization_config")
+    if qc is None:
+        return QuantConfig()
+    _require(isinstance(qc, dict), "quantization_config", f"expected an object, got {type(qc).__name__}")
+    fmt = qc.get("format")
+    _require(fmt == MXFP4_FORMAT, "quantization_config.format", f"only {MXFP4_FORMAT!r} is supported, got {fmt!r}")
+    groups = qc.get("config_groups", {})
+    _require(isinstance(groups, dict) and groups, "quantization_config.config_groups", "missing")
+    weights = next(iter(groups.values())).get("weights", {})
+    _require(weights.get("num_bits") == 4 and weights.get("type") == "float", "quantization_config.config_groups.weights",
+             f"expected 4-bit float weights, got {weights!r}")
+    ignore = qc.get("ignore", [])
+    _require(isinstance(ignore, list), "quantization_config.ignore", "expected a list")
+    return QuantConfig(method="mxfp4", group_size=_take(weights, "group_size", int, "quantization_config.weights."), ignore=tuple(ignore))
+
+
+def parse_hf_config(hf: dict, name: str = "custom") -> K3Config:
+    """Parse a K3 HF config (nested `text_config` or flat) into a `K3Config`; ValueError names the field."""
+    _require(isinstance(hf, dict), "config.json", f"expected a JSON object, got {type(hf).__name__}")
+    tc = hf.get("text_config", hf)
+    _require(isinstance(tc, dict), "text_config", f"expected an object, got {type(tc).__name__}")
+    num_layers = _take(tc, "num_hidden_layers", int)
+    lac = _take(tc, "linear_attn_config", dict)
+    act = _take(tc, "hidden_act", str)
+    _require(act == "situ", "hidden_act", f"K3 uses 'situ', got {act!r}")
+    kda = KDAConfig(
+        num_heads=_take(lac, "num_heads", int, "linear_attn_config."),
+        head_dim=_take(lac, "head_dim", int, "linear_attn_config."),
+        conv_kernel_size=_take(lac, "short_conv_kernel_size", int, "linear_attn_config."),
+        gate_lower_bound=_take(lac, "gate_lower_bound", float, "linear_attn_config."),
+        use_full_rank_gate=_take(lac, "use_full_rank_gate", bool, "linear_attn_config."),
+        layer_ids=_layer_list(lac, "kda_layers", num_layers),
+    )
+    mla = MLAConfig(
+        num_heads=_take(tc, "num_attention_heads", int),
+        q_lora_rank=_take(tc, "q_lora_rank", int),
+        kv_lora_rank=_take(tc, "kv_lora_rank", int),
+        qk_nope_head_dim=_take(tc, "qk_nope_head_dim", int),
+        qk_rope_head_dim=_take(tc, "qk_rope_head_dim", int),
+        v_head_dim=_take(tc, "v_head_dim", int),
+        use_nope=_take(tc, "mla_use_nope", bool),
+        use_output_gate=_take(tc, "mla_use_output_gate", bool),
+        lora_norm_eps=_take_opt(tc, "mla_lora_norm_eps", float, 1e-6),
+        layer_ids=_layer_list(lac, "full_attn_layers", num_layers),
+    )
+    moe = MoEConfig(
+        num_experts=_take(tc, "num_experts", int),
+        num_experts_per_token=_take(tc, "num_experts_per_token", int),
+        num_shared_experts=_take(tc, "num_shared_experts", int),
+        moe_intermediate_size=_take(tc, "moe_intermediate_size", int),
+        routed_expert_hidden_size=_take(tc, "routed_expert_hidden_size", int),
+        latent_moe_use_norm=_take(tc, "latent_moe_use_norm", bool),
+        router_activation=_take(tc, "moe_router_activation_func", str),
+        topk_method=_take(tc, "topk_method", str),
+        num_expert_group=_take_opt(tc, "num_expert_group", int, 1),
+        topk_group=_take_opt(tc, "topk_group", int, 1),
+        renormalize=_take(tc, "moe_renormalize", bool),
+        routed_scaling_factor=_take(tc, "routed_scaling_factor", float),
+        first_k_dense_replace=_take(tc, "first_k_dense_replace", int),
+        moe_layer_freq=_take(tc, "moe_layer_freq", int),
+        dense_intermediate_size=_take(tc, "intermediate_size", int),
+    )
+    return K3Config(
+        hidden_size=_take(tc, "hidden_size", int),
+        num_layers=num_layers,
+        vocab_size=_take(tc, "vocab_size", int),
+        rms_norm_eps=_take(tc, "rms_norm_eps", float),
+        max_position_embeddings=_take(tc, "max_position_embeddings", int),
+        tie_word_embeddings=_take_opt(tc, "tie_word_embeddings", bool, False),
+        tokens=TokenIds(
+            bos=_take(hf if "bos_token_id" in hf else tc, "bos_token_id", int),
+            eos=_take(hf if "eos_token_id" in hf else tc, "eos_token_id", int),
+            pad=_take(hf if "pad_token_id" in hf else tc, "pad_token_id", int),
+        ),
+        kda=kda,
+        mla=mla,
+        moe=moe,
+        attn_res=AttnResConfig(block_size=_take(tc, "attn_res_block_size", int)),
+        situ=SiTUConfig(beta=_take(tc, "activation_situ_beta", float), linear_beta=_take(tc, "activation_situ_linear_beta", float)),
+        quant=_parse_quant(tc),
+        name=name,
+    )
+
+
+def _quant_to_hf(q: QuantConfig) -> dict | None:
+    if not q.experts_mxfp4:
+        return None
+    return {
+        "quant_method": "compressed-tensors",
+        "format": MXFP4_FORMAT,
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "float", "group_size": q.group_size, "strategy": "group",
+                        "symmetric": True, "scale_dtype": "torch.uint8", "dynamic": False},
+            "input_activations": None,
+        }},
+        "ignore": list(q.ignore or MXFP4_IGNORE),
+    }
+
+
+def to_hf_config(cfg: K3Config) -> dict:
+    """Write `cfg` in the published nested layout (parse_hf_config(to_hf_config(c)) == c)."""
+    text = {
+        "architectures": [TEXT_ARCHITECTURE],
+        "model_type": "kimi_linear",
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "vocab_size": cfg.vocab_size,
+        "intermediate_size": cfg.moe.dense_intermediate_size,
+        "first_k_dense_replace": cfg.moe.first_k_dense_replace,
+        "moe_layer_freq": cfg.moe.moe_layer_freq,
+        "hidden_act": "situ",
+        "activation_situ_beta": cfg.situ.beta,
+        "activation_situ_linear_beta": cfg.situ.linear_beta,
+        "num_attention_heads": cfg.mla.num_heads,
+        "num_key_value_heads": cfg.mla.num_heads,
+        "head_dim": cfg.mla.qk_head_dim,
+        "q_lora_rank": cfg.mla.q_lora_rank,
+        "kv_lora_rank": cfg.mla.kv_lora_rank,
+        "qk_nope_head_dim": cfg.mla.qk_nope_head_dim,
+        "qk_rope_head_dim": cfg.mla.qk_rope_head_dim,
+        "v_head_dim": cfg.mla.v_head_dim,
+        "mla_use_nope": cfg.mla.use_nope,
+        "mla_use_output_gate": cfg.mla.use_output_gate,
+        "mla_lora_norm_eps": cfg.mla.lora_norm_eps,
+        "linear_attn_config": {
+            "num_heads": cfg.kda.num_heads,
+            "head_dim": cfg.kda.head_dim,
+            "short_conv_kernel_size": cfg.kda.conv_kernel_size,
+            "use_full_rank_gate": cfg.kda.use_full_rank_gate,
+            "gate_lower_bound": cfg.kda.gate_lower_bound,
+            "full_attn_layers": [i + 1 for i in cfg.mla.layer_ids],
+            "kda_layers": [i + 1 for i in cfg.kda.layer_ids],
+        },
+        "num_experts": cfg.moe.num_experts,
+        "num_experts_per_token": cfg.moe.num_experts_per_token,
+        "num_shared_experts": cfg.moe.num_shared_experts,
+        "moe_intermediate_size": cfg.moe.moe_intermediate_size,
+        "routed_expert_hidden_size": cfg.moe.routed_expert_hidden_size,
+        "latent_moe_use_norm": cfg.moe.latent_moe_use_norm,
+        "moe_router_activation_func": cfg.moe.router_activation,
+        "topk_method": cfg.moe.topk_method,
+        "use_grouped_topk": True,
+        "num_expert_group": cfg.moe.num_expert_group,
+        "topk_group": cfg.moe.topk_group,
+        "moe_renormalize": cfg.moe.renormalize,
+        "routed_scaling_factor": cfg.moe.routed_scaling_factor,
+        "attn_res_block_size": cfg.attn_res.block_size,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "num_nextn_predict_layers": 0,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "bos_token_id": cfg.tokens.bos,
+        "eos_token_id": cfg.tokens.eos,
+        "pad_token_id": cfg.tokens.pad,
+        "torch_dtype": "bfloat16",
+    }
+    quant = _quant_to_hf(cfg.quant)
+    if quant is not None:
+        text["quantization_config"] = quant
+    return {
+        "architectures": [TOP_ARCHITECTURE],
+        "model_type": "kimi_k3",
+        "dtype": "bfloat16",
+        "bos_token_id": cfg.tokens.bos,
+        "eos_token_id": cfg.tokens.eos,
+        "pad_token_id": cfg.tokens.pad,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "text_config": text,
+    }

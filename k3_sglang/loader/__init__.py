@@ -1,0 +1,1 @@
+"""Checkpoint layout for K3: expected-tensor manifest, name mapping and weight loading."""

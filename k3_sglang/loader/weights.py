@@ -1,0 +1,108 @@
+"""Stream K3 checkpoint tensors into the model.
+
+Handles the published layout: `language_model.` / bare `model.` prefixes, vision tensors
+skipped by name, MXFP4 routed experts (packed + E8M0 scales, dequantised into the stacked
+expert parameters), `A_log` narrowed to the head count, fp32 conv/dt_bias/A_log kept fp32.
+The KDA/MLA `self_attn.g_proj` name clash resolves by layer type: each layer's module is
+already the right mixer, so the same name lands on the right role.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from k3_sglang.kernels.mxfp4.naive import dequant_mxfp4
+
+SKIPPED_PREFIXES = ("vision_tower.", "mm_projector.", "language_model.vision_tower.", "language_model.mm_projector.")
+EXPERT_RE = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.experts)\.(\d+)\.(w[123])\.(weight|weight_packed|weight_scale)$")
+
+
+def canonical_name(name: str) -> str | None:
+    """Checkpoint name -> model parameter name (None for tensors the text model skips)."""
+    if name.startswith(SKIPPED_PREFIXES):
+        return None
+    if name.startswith("language_model."):
+        name = name[len("language_model."):]
+    if name.startswith("layers."):  # some exports drop the inner `model.`
+        name = "model." + name
+    return name
+
+
+class WeightLoadError(ValueError):
+    """A checkpoint tensor that does not fit the model (unknown name, wrong shape, missing)."""
+
+
+class K3WeightLoader:
+    """Copies a stream of (name, tensor) into `model`; call `finish()` to check completeness."""
+
+    def __init__(self, model: nn.Module):
+        self.params = dict(model.named_parameters())
+        self.loaded: set[str] = set()
+        self._expert_parts: dict[tuple[str, int, str], dict[str, torch.Tensor]] = {}
+        self._experts_loaded: dict[str, set[tuple[int, str]]] = {}
+
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for raw_name, tensor in weights:
+            name = canonical_name(raw_name)
+            if name is None:
+                continue
+            match = EXPERT_RE.match(name)
+            if match:
+                self._load_expert_part(match.group(1), int(match.group(2)), match.group(3), match.group(4), tensor)
+            else:
+                self._load_plain(name, tensor)
+
+    def _load_plain(self, name: str, tensor: torch.Tensor) -> None:
+        param = self.params.get(name)
+        if param is None:
+            raise WeightLoadError(f"checkpoint tensor {name!r} has no matching model parameter")
+        if name.endswith(".A_log") and tensor.dim() == 1 and tensor.shape[0] > param.shape[0]:
+            tensor = tensor.narrow(0, 0, param.shape[0])
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise WeightLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(tensor.to(param.dtype))
+        self.loaded.add(name)
+
+    def _load_expert_part(self, base: str, expert: int, which: str, kind: str, tensor: torch.Tensor) -> None:
+        name = f"{base}.{which}"
+        param = self.params.get(name)
+        if param is None:
+            raise WeightLoadError(f"checkpoint expert tensor for {name!r} has no matching model parameter")
+        if kind == "weight":
+            self._store_expert(name, param, expert, which, tensor)
+            return
+        parts = self._expert_parts.setdefault((name, expert, which), {})
+        parts[kind] = tensor
+        if len(parts) == 2:
+            dense = dequant_mxfp4(parts["weight_packed"], parts["weight_scale"], torch.float32)
+            del self._expert_parts[(name, expert, which)]
+            self._store_expert(name, param, expert, which, dense)
+
+    def _store_expert(self, name: str, param: torch.Tensor, expert: int, which: str, dense: torch.Tensor) -> None:
+        if not 0 <= expert < param.shape[0]:
+            raise WeightLoadError(f"{name}: expert index {expert} outside 0..{param.shape[0] - 1}")
+        if tuple(dense.shape) != tuple(param.shape[1:]):
+            raise WeightLoadError(f"{name}[{expert}]: shape {tuple(dense.shape)} != {tuple(param.shape[1:])}")
+        with torch.no_grad():
+            param[expert].copy_(dense.to(param.dtype))
+        self._experts_loaded.setdefault(name, set()).add((expert, which))
+
+    def finish(self) -> None:
+        """Raise WeightLoadError naming what the checkpoint did not provide."""
+        if self._expert_parts:
+            key = next(iter(self._expert_parts))
+            raise WeightLoadError(f"MXFP4 expert {key} has only {sorted(self._expert_parts[key])}")
+        missing = []
+        for name, param in self.params.items():
+            if EXPERT_RE.match(name + ".weight") or name.endswith((".experts.w1", ".experts.w2", ".experts.w3")):
+                if len(self._experts_loaded.get(name, ())) != param.shape[0]:
+                    missing.append(name)
+            elif name not in self.loaded:
+                missing.append(name)
+        if missing:
+            raise WeightLoadError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")

@@ -1,0 +1,45 @@
+"""The `K3CpuPlatform` class (imported by SGLang only when the k3_cpu platform is selected)."""
+
+from __future__ import annotations
+
+import torch
+from sglang.srt.platforms.cpu import CpuDeviceMixin
+from sglang.srt.platforms.device_mixin import PlatformEnum
+from sglang.srt.platforms.interface import PlatformCapabilities, SRTPlatform
+
+
+class K3CpuPlatform(CpuDeviceMixin, SRTPlatform):
+    """Real SGLang on CPU: torch_native attention, gloo collectives, no graphs, no pinning."""
+
+    _enum = PlatformEnum.OOT
+    device_name = "cpu"
+    device_type = "cpu"
+    capabilities = PlatformCapabilities()
+
+    def get_device(self, device_id: int = 0) -> str:  # type: ignore[override]
+        # SGLang's serving hook calls .split(":") on this value: it must be a str.
+        return "cpu"
+
+    def get_default_attention_backend(self) -> str:
+        return "torch_native"
+
+    def get_default_speculative_draft_attention_backend(self, algorithm: str) -> str:
+        return "torch_native"
+
+    def get_graph_runner_cls(self):
+        return None
+
+    def get_dispatch_key_name(self) -> str:
+        return "native"
+
+    def get_torch_distributed_backend_str(self) -> str:
+        return "gloo"
+
+    def get_group_coordinator_device(self, local_rank: int) -> torch.device:
+        return torch.device("cpu")
+
+    def is_pin_memory_available(self) -> bool:
+        return False
+
+    def support_mamba_cache_extra_buffer(self) -> bool:
+        return False

@@ -1,0 +1,151 @@
+"""Admin API (behind `--admin-key`): list/add/remove workers, inspect/close sessions.
+
+Without an admin key configured the admin API is disabled (403), so an exposed router cannot be
+reconfigured by anyone who can reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse
+
+from k3_sglang.router.capacity import fetch_models, fetch_reported_capacity, resolve_capacity
+from k3_sglang.router.config import ConfigError, WorkerSpec, normalize_worker_url
+from k3_sglang.router.errors import RouterHTTPError
+from k3_sglang.router.health import HealthCounter
+from k3_sglang.router.proxy import RouterState
+
+log = logging.getLogger("k3.router.admin")
+MAX_ADMIN_BODY = 64 * 1024
+
+
+async def register_worker(state: RouterState, spec: WorkerSpec) -> dict[str, Any]:
+    """Discover a worker's capacities (file values win) and add it to the fleet."""
+    reported = await fetch_reported_capacity(state.client, spec.url, state.config.reliability.health_timeout_s)
+    capacity = resolve_capacity(spec, reported, state.config.policy)
+    state.core.add_worker(spec.url, capacity)
+    r = state.config.reliability
+    state.health.setdefault(spec.url, HealthCounter(r.health_fail_threshold, r.health_success_threshold))
+    log.info("worker %s: kv_tokens=%d state_slots=%d prefill_tps=%.0f (reported %s)",
+             spec.url, capacity.kv_tokens, capacity.state_slots, capacity.prefill_tps, reported)
+    return describe_worker(state, spec.url)
+
+
+def describe_worker(state: RouterState, worker_id: str) -> dict[str, Any]:
+    """JSON view of one worker's state."""
+    w = state.core.fleet.workers[worker_id]
+    breaker = state.core.breakers[worker_id]
+    return {
+        "url": w.worker_id, "healthy": w.healthy, "breaker": breaker.state,
+        "kv_capacity_tokens": w.kv_capacity, "state_slots": w.state_slots, "prefill_tokens_per_s": w.prefill_tps,
+        "resident_tokens": w.resident_tokens, "resident_sessions": w.resident_sessions,
+        "active_tokens": w.active_tokens, "inflight_prefill_tokens": w.inflight_prefill_tokens,
+        "inflight_requests": w.inflight_requests, "reported_waiting_tokens": w.reported_waiting_tokens,
+    }
+
+
+def _require_admin(state: RouterState, request: Request) -> None:
+    expected = state.config.admin_key
+    if expected is None:
+        raise RouterHTTPError(403, "admin API disabled: start the router with --admin-key", "admin_disabled")
+    given = request.headers.get("x-admin-key", "")
+    auth = request.headers.get("authorization", "")
+    if not given and auth.lower().startswith("bearer "):
+        given = auth[7:].strip()
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise RouterHTTPError(401, "missing or wrong admin key", "invalid_admin_key")
+
+
+def _known_worker(state: RouterState, url: str) -> str:
+    try:
+        worker_id = normalize_worker_url(url)
+    except ConfigError as exc:
+        raise RouterHTTPError(400, str(exc), "invalid_worker_url") from None
+    if worker_id not in state.core.fleet.workers:
+        raise RouterHTTPError(404, f"unknown worker {worker_id}", "worker_not_found")
+    return worker_id
+
+
+async def _json_object(request: Request) -> dict:
+    body = await request.body()
+    if len(body) > MAX_ADMIN_BODY:
+        raise RouterHTTPError(413, "admin body too large", "body_too_large")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise RouterHTTPError(400, "malformed JSON body", "invalid_json") from None
+    if not isinstance(data, dict):
+        raise RouterHTTPError(400, "body must be a JSON object", "invalid_request")
+    return data
+
+
+def admin_routes(state: RouterState) -> APIRouter:
+    """The admin endpoints bound to one router state."""
+    router = APIRouter()
+
+    @router.get("/workers")
+    async def list_workers(request: Request) -> JSONResponse:
+        _require_admin(state, request)
+        return JSONResponse({"workers": [describe_worker(state, w) for w in state.core.fleet.workers]})
+
+    @router.post("/workers")
+    async def add_worker(request: Request) -> JSONResponse:
+        _require_admin(state, request)
+        data = await _json_object(request)
+        try:
+            spec = WorkerSpec(**data)
+        except (ConfigError, TypeError) as exc:
+            raise RouterHTTPError(400, f"bad worker: {exc}", "invalid_worker") from None
+        if spec.url in state.core.fleet.workers:
+            raise RouterHTTPError(409, f"worker {spec.url} already registered", "worker_exists")
+        described = await register_worker(state, spec)
+        await refresh_models(state)
+        return JSONResponse(described, status_code=201)
+
+    @router.delete("/workers")
+    async def remove_worker(request: Request, url: str = "") -> JSONResponse:
+        _require_admin(state, request)
+        worker_id = _known_worker(state, url)
+        state.core.remove_worker(worker_id)
+        state.health.pop(worker_id, None)
+        return JSONResponse({"removed": worker_id})
+
+    @router.get("/sessions/{session_id}")
+    async def inspect_session(request: Request, session_id: str) -> JSONResponse:
+        _require_admin(state, request)
+        record = state.core.fleet.session(session_id)
+        if record is None:
+            raise RouterHTTPError(404, f"unknown session {session_id}", "session_not_found")
+        return JSONResponse({
+            "session_id": record.session_id, "worker": record.worker_id, "context_tokens": record.context_tokens,
+            "resident_tokens": record.resident_tokens, "inflight": record.inflight, "turns": record.turns,
+            "moves": record.moves, "idle_s": round(max(0.0, state.now() - record.last_seen), 3),
+        })
+
+    @router.delete("/sessions/{session_id}")
+    async def close_session(request: Request, session_id: str) -> JSONResponse:
+        _require_admin(state, request)
+        if state.core.fleet.close_session(session_id) is None:
+            raise RouterHTTPError(404, f"unknown session {session_id}", "session_not_found")
+        return JSONResponse({"closed": session_id})
+
+    return router
+
+
+async def refresh_models(state: RouterState) -> None:
+    """Union of `/v1/models` over workers (first card seen per model id wins)."""
+    timeout = state.config.reliability.health_timeout_s
+    urls = list(state.core.fleet.workers)
+    results = await asyncio.gather(*(fetch_models(state.client, url, timeout) for url in urls))
+    models: dict[str, dict] = {}
+    for cards in results:
+        for card in cards:
+            models.setdefault(card["id"], card)
+    if models or not urls:
+        state.models = models

@@ -1,0 +1,128 @@
+"""`k3 serve [--model-path DIR] [any sglang args]`: SGLang's server with K3 registered.
+
+With no --model-path it builds the k3-tiny checkpoint once into the cache folder and serves
+it on 127.0.0.1:30000. On a host without CUDA it selects our CPU platform plugin. Flags we do
+not know are passed to SGLang unchanged; our defaults apply only where the user gave none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from k3_sglang.serving.settings import ServeSettings
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 30000
+TINY_DIR_NAME = "k3-tiny-v1"
+# Defaults for the embedded (CPU) path; each is skipped when the user passes that flag.
+CPU_DEFAULTS = {
+    "--max-total-tokens": "16384",
+    "--max-running-requests": "48",
+    "--chunked-prefill-size": "512",
+    "--max-mamba-cache-size": "64",
+}
+COMMON_DEFAULTS = {"--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3"}
+COMMON_FLAGS = ("--language-model-only",)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve K3 with SGLang (default: the tiny K3 on CPU, 127.0.0.1:30000)",
+        description="Other flags are passed to SGLang (see `sglang serve --help`).",
+    )
+    parser.add_argument("--model-path", type=Path, default=None, help="K3 checkpoint folder (default: build k3-tiny)")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--dry-run", action="store_true", help="print the SGLang command line and exit")
+    parser.set_defaults(func=run, accepts_extra_args=True)
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _flag_value(args: list[str], flag: str, default: str) -> str:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return default
+
+
+def ensure_tiny_checkpoint(settings: ServeSettings) -> Path:
+    """Build k3-tiny into the cache folder on first use (atomically) and return its path."""
+    target = settings.cache_dir / TINY_DIR_NAME
+    if (target / "model.safetensors").exists() and (target / "tokenizer.json").exists():
+        return target
+    from k3_sglang.tiny.checkpoint import write_tiny_checkpoint
+
+    print(f"k3 serve: building the k3-tiny checkpoint in {target} (first run only) ...", flush=True)
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    write_tiny_checkpoint(staging)
+    staging.rename(target)
+    return target
+
+
+def validate_model_path(path: Path) -> None:
+    """Clear errors for a missing folder or an invalid K3 config (raises CliError)."""
+    from k3_sglang.cli import CliError
+    from k3_sglang.config import K3Config
+
+    if not path.is_dir():
+        raise CliError(f"--model-path {path}: no such folder")
+    try:
+        K3Config.from_json(path)
+    except ValueError as exc:
+        raise CliError(f"--model-path {path}: {exc}") from None
+
+
+def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu: bool) -> list[str]:
+    argv = ["--model-path", str(model_path), "--host", host, "--port", str(port)]
+    defaults = {**COMMON_DEFAULTS, **(CPU_DEFAULTS if on_cpu else {})}
+    if _has_flag(extra, "--skip-tokenizer-init"):
+        defaults.pop("--reasoning-parser")
+        defaults.pop("--tool-call-parser")
+    for flag, value in defaults.items():
+        if not _has_flag(extra, flag):
+            argv += [flag, value]
+    argv += [f for f in COMMON_FLAGS if not _has_flag(extra, f)]
+    return argv + extra
+
+
+def serving_env(extra: list[str], on_cpu: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "k3_sglang.models"
+    if on_cpu:
+        env.setdefault("SGLANG_PLATFORM", "k3_cpu")
+        env.pop("SGLANG_USE_CPU_ENGINE", None)
+        ranks = int(_flag_value(extra, "--tp-size", _flag_value(extra, "--tp", "1"))) * int(_flag_value(extra, "--pp-size", "1"))
+        cores = os.cpu_count() or 1
+        env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(ranks)))
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    from k3_sglang.cli import CliError
+    from k3_sglang.platform import cuda_available
+
+    try:
+        settings = ServeSettings.from_env()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if not 0 < args.port < 65536:
+        raise CliError(f"--port must be in 1..65535, got {args.port}")
+    model_path = args.model_path or ensure_tiny_checkpoint(settings)
+    validate_model_path(model_path)
+    on_cpu = os.environ.get("SGLANG_PLATFORM") == "k3_cpu" or not cuda_available()
+    argv = sglang_argv(model_path, args.host, args.port, args.extra_args, on_cpu)
+    env = serving_env(args.extra_args, on_cpu)
+    command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]
+    if args.dry_run:
+        print(" ".join(command))
+        return 0
+    os.execvpe(command[0], command, env)
+    return 0  # not reached

@@ -1,0 +1,53 @@
+"""Process entry of `k3 serve`: SGLang's HTTP server with our request guard and a ready line.
+
+Run as `python -m k3_sglang.serving.launch <sglang args>` with SGLANG_EXTERNAL_MODEL_PACKAGE
+(and on CPU SGLANG_PLATFORM=k3_cpu) already in the environment (set by `k3 serve`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from k3_sglang.serving.guards import RequestGuard
+from k3_sglang.serving.settings import ServeSettings
+
+
+def _ready_line(host: str, port: int, model: str) -> str:
+    url = f"http://{host}:{port}"
+    return (
+        f"k3 serve: ready at {url} (model {model}, OpenAI API at {url}/v1)\n"
+        f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-d '{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16}}'"
+    )
+
+
+def main(argv: list[str]) -> None:
+    from sglang.launch_server import run_server
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    settings = ServeSettings.from_env()
+    load_plugins()
+    server_args = prepare_server_args(argv)
+    http_server.app.add_middleware(RequestGuard, max_n=settings.max_n)
+    original = http_server.launch_server
+
+    def launch_with_ready_line(args, *a, **kw):
+        def announce():
+            print(_ready_line(args.host, args.port, args.model_path), flush=True)
+
+        kw.setdefault("launch_callback", announce)
+        return original(args, *a, **kw)
+
+    http_server.launch_server = launch_with_ready_line
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

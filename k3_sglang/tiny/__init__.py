@@ -1,0 +1,1 @@
+"""The tiny K3 checkpoint: deterministic random weights, a small BPE tokenizer, the XTML template."""
