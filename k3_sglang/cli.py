@@ -11,41 +11,40 @@ import argparse
 import importlib
 import sys
 
-# subcommand name -> module that registers it
-SUBCOMMAND_MODULES: dict[str, str] = {
-    "serve": "k3_sglang.serving.cli",
-    "make-tiny": "k3_sglang.tiny.cli",
-    "router": "k3_sglang.router.cli",
-    "plan": "k3_sglang.plan.cli",
-    "launch": "k3_sglang.launch.cli",
-    "bench": "k3_sglang.bench.cli",
+# subcommand name -> (module that registers it, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("k3_sglang.serving.cli", "serve K3 with SGLang (default: the tiny K3 on CPU)"),
+    "make-tiny": ("k3_sglang.tiny.cli", "write the deterministic random k3-tiny checkpoint"),
+    "router": ("k3_sglang.router.cli", "place agent sessions across SGLang workers"),
+    "plan": ("k3_sglang.plan.cli", "capacity planner for K3 deployments"),
+    "launch": ("k3_sglang.launch.cli", "render launch scripts from a plan"),
+    "bench": ("k3_sglang.bench.cli", "run a benchmark"),
 }
 
 
 class CliError(Exception):
-    """A user-facing error: printed as `k3: error: ...`, exit code 2."""
+    """A user-facing error: printed as `k3 <command>: error: ...`, exit code 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `k3` parser; only `command`'s module is imported (the others get a placeholder)."""
     parser = argparse.ArgumentParser(prog="k3", description="k3-sglang: Kimi K3 long-context serving on SGLang")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name in SUBCOMMAND_MODULES.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue  # subcommand not built yet
-            raise
-        module.register(sub)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        if name == command:
+            importlib.import_module(module_name).register(sub)
+        else:
+            sub.add_parser(name, help=help_text)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in SUBCOMMANDS else None)
     # `k3 serve` passes unknown flags through to SGLang; other commands are strict.
     args, extra = parser.parse_known_args(argv)
-    if args.command is None:
+    if args.command is None or not hasattr(args, "func"):
         parser.print_help()
         return 2
     if extra and not getattr(args, "accepts_extra_args", False):
@@ -62,4 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the package module so CliError is the class the subcommands raise.
+    from k3_sglang.cli import main as package_main
+
+    sys.exit(package_main())

@@ -38,7 +38,7 @@ class K3CpuPlatform(CpuDeviceMixin, SRTPlatform):
     def get_group_coordinator_device(self, local_rank: int) -> torch.device:
         return torch.device("cpu")
 
-    def is_pin_memory_available(self) -> bool:
+    def is_pin_memory_available(self, device=None) -> bool:
         return False
 
     def support_mamba_cache_extra_buffer(self) -> bool:

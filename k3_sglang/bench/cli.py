@@ -1,6 +1,6 @@
 """`k3 bench TARGET`: each target is a module with `add_arguments(parser)` and `run(args) -> int`.
 
-Targets are imported lazily; results are printed and written to docs/ by each target.
+A target whose module cannot be imported is still listed; running it reports why.
 """
 
 from __future__ import annotations
@@ -16,16 +16,24 @@ BENCH_TARGETS: dict[str, tuple[str, str]] = {
 }
 
 
+def _unavailable(name: str, error: Exception):
+    def run(_args: argparse.Namespace) -> int:
+        from k3_sglang.cli import CliError
+
+        raise CliError(f"bench target {name!r} is unavailable: {error}")
+
+    return run
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="run a benchmark")
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
     for name, (module_name, help_text) in BENCH_TARGETS.items():
+        target = targets.add_parser(name, help=help_text)
         try:
             module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue
-            raise
-        target = targets.add_parser(name, help=help_text)
+        except Exception as exc:  # noqa: BLE001 - reported when the target is run
+            target.set_defaults(func=_unavailable(name, exc))
+            continue
         module.add_arguments(target)
         target.set_defaults(func=module.run)

@@ -39,13 +39,15 @@ class KDAStateView:
 
 def kda_state_view(forward_batch, layer_id: int) -> KDAStateView:
     """Find the layer's state tensors and the batch's slot indices in SGLang's hybrid pool."""
-    backend = forward_batch.attn_backend
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    backend = get_attn_backend()
     linear = getattr(backend, "linear_attn_backend", None)
     if linear is None:
         raise RuntimeError("K3 KDA layers need SGLang's hybrid linear attention backend "
                            f"(got {type(backend).__name__}); is the config's linear_attn_config set?")
     meta = linear.forward_metadata
-    cache = forward_batch.req_to_token_pool.mamba2_layer_cache(layer_id)
+    cache = linear.req_to_token_pool.mamba2_layer_cache(layer_id)
     return KDAStateView(conv=cache.conv[0], temporal=cache.temporal,
                         slots=meta.mamba_cache_indices.long(), query_start_loc=meta.query_start_loc)
 

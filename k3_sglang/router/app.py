@@ -12,6 +12,7 @@ import contextlib
 import hmac
 import logging
 
+import aiohttp
 import httpx
 import orjson
 from fastapi import FastAPI, Request
@@ -58,16 +59,25 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def build_client(config: RouterConfig) -> httpx.AsyncClient:
-    """One pooled keep-alive client for all workers, with every timeout bounded."""
+    """Control-plane client (probes, capacity, models, admin), every timeout bounded."""
     r = config.reliability
-    per_worker = r.max_connections_per_worker
-    total = per_worker * max(1, len(config.workers) or 4)
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(connect=r.connect_timeout_s, read=r.read_timeout_s,
+        timeout=httpx.Timeout(connect=r.connect_timeout_s, read=r.health_timeout_s,
                               write=r.write_timeout_s, pool=r.pool_timeout_s),
-        limits=httpx.Limits(max_connections=total, max_keepalive_connections=total, keepalive_expiry=60),
+        limits=httpx.Limits(max_connections=64, max_keepalive_connections=16, keepalive_expiry=30),
         trust_env=False,
     )
+
+
+def build_data_session(config: RouterConfig) -> aiohttp.ClientSession:
+    """Data-plane session: pooled keep-alive connections per worker, bounded connect/read timeouts."""
+    r = config.reliability
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=r.max_connections_per_worker,
+                                     keepalive_timeout=60, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, connect=r.pool_timeout_s + r.connect_timeout_s,
+                                    sock_connect=r.connect_timeout_s, sock_read=r.read_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                 skip_auto_headers=("User-Agent",), trust_env=False)
 
 
 async def maintenance_loop(state: RouterState, stop: asyncio.Event) -> None:
@@ -88,6 +98,7 @@ def create_app(config: RouterConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         state.client = build_client(config)
+        state.session = build_data_session(config)
         await asyncio.gather(*(register_worker(state, spec) for spec in config.workers))
         await refresh_models(state)
         stop = asyncio.Event()
@@ -100,6 +111,7 @@ def create_app(config: RouterConfig) -> FastAPI:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
             await state.client.aclose()
+            await state.session.close()
 
     app = FastAPI(title="k3 router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.router = state
@@ -153,8 +165,8 @@ def _install_client_routes(app: FastAPI, state: RouterState) -> None:
         state.metrics.requests.labels(path, str(response.status_code)).inc()
         return response
 
-    for path in PROXIED_PATHS:
-        app.add_api_route(path, proxied, methods=["POST"], include_in_schema=False)
+    for path in PROXIED_PATHS:  # plain Starlette routes: no FastAPI dependency solving on the hot path
+        app.add_route(path, proxied, methods=["POST"], include_in_schema=False)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

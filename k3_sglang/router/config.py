@@ -54,11 +54,11 @@ class PolicyConfig:
 
     block_tokens: int = 512
     chars_per_token: float = 4.0
-    kv_barrier_s: float = 2.0
+    kv_barrier_s: float = 1.0
     kv_headroom: float = 0.05
     expected_growth_tokens: int = 2048
-    move_penalty_s: float = 2.0
-    move_penalty_factor: float = 0.5
+    move_penalty_s: float = 5.0
+    move_penalty_factor: float = 1.0
     default_prefill_tokens_per_s: float = 8000.0
     default_kv_tokens: int = 131072
     default_state_slots: int = 48

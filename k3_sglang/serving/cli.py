@@ -23,9 +23,18 @@ CPU_DEFAULTS = {
     "--max-running-requests": "48",
     "--chunked-prefill-size": "512",
     "--max-mamba-cache-size": "64",
+    # SGLang's extra_buffer prefix-cache strategy snapshots KDA state inside its CUDA kernels;
+    # on CPU the no_buffer strategy (which needs the overlap scheduler off) keeps prefix caching.
+    "--mamba-radix-cache-strategy": "no_buffer",
 }
-COMMON_DEFAULTS = {"--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3"}
-COMMON_FLAGS = ("--language-model-only",)
+CPU_FLAGS = ("--disable-overlap-schedule",)
+# Our K3 class is the text model and dequantises its MXFP4 experts itself: tell SGLang's
+# model config so (it would otherwise start the MoonViT multimodal processor for the K3
+# architecture name and build a compressed-tensors quant method that has no CPU path).
+TEXT_ONLY_OVERRIDE = '{"language_model_only": true, "quantization_config": null}'
+COMMON_DEFAULTS = {"--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3",
+                   "--json-model-override-args": TEXT_ONLY_OVERRIDE}
+COMMON_FLAGS: tuple[str, ...] = ()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,10 +69,20 @@ def ensure_tiny_checkpoint(settings: ServeSettings) -> Path:
         return target
     from k3_sglang.tiny.checkpoint import write_tiny_checkpoint
 
-    print(f"k3 serve: building the k3-tiny checkpoint in {target} (first run only) ...", flush=True)
-    staging = target.with_name(target.name + f".tmp{os.getpid()}")
-    write_tiny_checkpoint(staging)
-    staging.rename(target)
+    import fcntl
+    import shutil
+
+    settings.cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.cache_dir / (TINY_DIR_NAME + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent first runs build it once
+        if (target / "model.safetensors").exists() and (target / "tokenizer.json").exists():
+            return target
+        print(f"k3 serve: building the k3-tiny checkpoint in {target} (first run only) ...", flush=True)
+        staging = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        write_tiny_checkpoint(staging)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
     return target
 
 
@@ -89,13 +108,17 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
     for flag, value in defaults.items():
         if not _has_flag(extra, flag):
             argv += [flag, value]
-    argv += [f for f in COMMON_FLAGS if not _has_flag(extra, f)]
+    flags = COMMON_FLAGS + (CPU_FLAGS if on_cpu else ())
+    argv += [f for f in flags if not _has_flag(extra, f)]
     return argv + extra
 
 
 def serving_env(extra: list[str], on_cpu: bool) -> dict[str, str]:
     env = dict(os.environ)
     env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "k3_sglang.models"
+    if _flag_value(extra, "--dtype", "auto") == "float32":
+        # SGLang keeps KDA conv windows in bf16 by default; a float32 model keeps them exact.
+        env.setdefault("SGLANG_MAMBA_CONV_DTYPE", "float32")
     if on_cpu:
         env.setdefault("SGLANG_PLATFORM", "k3_cpu")
         env.pop("SGLANG_USE_CPU_ENGINE", None)

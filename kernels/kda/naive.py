@@ -57,7 +57,10 @@ def short_conv_silu(
         raise ValueError(f"short_conv_silu: window {tuple(window.shape)} must be [W-1, D] = [{W - 1}, {D}]")
     dt = compute_dtype(x, weight)
     full = torch.cat([window.to(dt), x.to(dt)], 0)  # [T + W - 1, D]
-    y = (full.unfold(0, W, 1) * weight.to(dt)).sum(-1)  # unfold -> [T, D, W]
+    if T == 0:
+        y = full.new_zeros(0, D)
+    else:
+        y = (full.unfold(0, W, 1) * weight.to(dt)).sum(-1)  # unfold -> [T, D, W]
     new_window = full[full.shape[0] - (W - 1):].to(window.dtype)
     return F.silu(y).to(x.dtype), new_window
 
@@ -82,12 +85,30 @@ def kda_recurrent_step(
     if tuple(state.shape) != (B, H, K, V):
         raise ValueError(f"kda_recurrent_step: state {tuple(state.shape)} must be [B, H, K, V] = {(B, H, K, V)}")
     dt = compute_dtype(q, k, v, g, state)
-    S = state.to(dt) * g.to(dt).exp()[..., None]
-    kf, vf = k.to(dt), v.to(dt)
-    err = vf - torch.einsum("bhk,bhkv->bhv", kf, S)
-    S = S + beta.to(dt)[..., None, None] * kf[..., :, None] * err[..., None, :]
-    o = torch.einsum("bhk,bhkv->bhv", q.to(dt) * scale, S)
+    o, S, _ = delta_rule_step(q.to(dt), k.to(dt), v.to(dt), g.to(dt), beta.to(dt), scale, state.to(dt))
     return o.to(v.dtype), S
+
+
+def decay_state(S: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """S [..., K, V] * exp(g)[..., None] for g [..., K]."""
+    return S * g.exp()[..., None]
+
+
+def add_rank_one(S: torch.Tensor, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """S [..., K, V] + k [..., K] outer delta [..., V]."""
+    return S + k[..., :, None] * delta[..., None, :]
+
+
+def delta_rule_step(q, k, v, g, beta, scale, S):
+    """The gated delta rule on same-dtype tensors ([..., K] / [..., V] / [...] / [..., K, V]).
+
+    Returns (o [..., V], new S, delta [..., V] = beta * (v - S'^T k)) so that replaying decay_state then
+    add_rank_one with the recorded (g, k, delta) reproduces the new S bit for bit.
+    """
+    S = decay_state(S, g)
+    delta = beta[..., None] * (v - torch.einsum("...k,...kv->...v", k, S))
+    S = add_rank_one(S, k, delta)
+    return torch.einsum("...k,...kv->...v", q * scale, S), S, delta
 
 
 def _check_sequence(name: str, q, k, v, g, beta, initial_state) -> None:

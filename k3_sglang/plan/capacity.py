@@ -1,0 +1,149 @@
+"""The planner: per group, size every PP stage's pools and count the sessions each group holds.
+
+Per attention (DP) rank, under DCP size c:
+    logical KV tokens = physical tokens * c
+    sessions by KV    = logical tokens // (session tokens rounded up to a page of page_size * c)
+    sessions by state = state slots // (S + D)
+A group holds dp_attention * min(...) sessions, capped by max_running_requests; the smallest ceiling
+over the stages is the binding one, and its name says which pool to grow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from k3_sglang.config import K3Config
+from k3_sglang.plan.constraints import check_topology
+from k3_sglang.plan.memory import StageMemory, balanced_ratio, solved_ratio, stage_memory, state_bytes_per_slot, \
+    kv_bytes_per_token
+from k3_sglang.plan.spec import PlanSpec
+from k3_sglang.plan.topology import Group, stage_layer_ranges
+from k3_sglang.plan.weights import checkpoint_bytes
+
+KV_CEILING = "mla-kv-pool"
+STATE_CEILING = "kda-state-slots"
+RUNNING_CEILING = "max-running-requests"
+
+
+@dataclass(frozen=True)
+class StageCapacity:
+    """Sessions one stage's pools allow for the whole group (all DP ranks)."""
+
+    memory: StageMemory
+    logical_kv_tokens: int | None
+    sessions_by_kv: int | None
+    sessions_by_state: int | None
+
+    @property
+    def sessions(self) -> int:
+        """The smaller of the two pool ceilings."""
+        return min(v for v in (self.sessions_by_kv, self.sessions_by_state) if v is not None)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """The capacity of one group (per replica), at its binding PP stage."""
+
+    group: Group
+    stages: tuple[StageCapacity, ...]
+    binding_stage: int
+    slots_per_request: int
+    balanced_ratio: float
+    sessions: int
+    binding: str
+    notes: tuple[str, ...]
+
+    @property
+    def bound(self) -> StageCapacity:
+        """The stage whose pools bind."""
+        return self.stages[self.binding_stage]
+
+    @property
+    def serves_sessions(self) -> bool:
+        """Decode and unified groups hold sessions; prefill groups hold in-flight prefills."""
+        return self.group.role != "prefill"
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A sized deployment."""
+
+    spec: PlanSpec
+    model: K3Config
+    checkpoint_bytes: int
+    groups: tuple[GroupPlan, ...]
+
+    @property
+    def total_sessions(self) -> int:
+        """Concurrent sessions over all decode/unified replicas."""
+        return sum(g.sessions * g.group.replicas for g in self.groups if g.serves_sessions)
+
+    @property
+    def meets_target(self) -> bool:
+        """Whether the deployment holds the workload's sessions."""
+        return self.total_sessions >= self.spec.workload.sessions
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def stage_capacity(memory: StageMemory, group: Group, spec: PlanSpec, slots_per_request: int) -> StageCapacity:
+    """Group-wide ceilings of one stage."""
+    dp = group.dp_attention
+    per_session = _round_up(spec.workload.session_tokens, spec.serving.page_size * group.dcp)
+    logical = None if memory.kv_tokens is None else memory.kv_tokens * group.dcp
+    by_kv = None if logical is None else dp * (logical // per_session)
+    by_state = None if memory.state_slots is None else dp * (memory.state_slots // slots_per_request)
+    return StageCapacity(memory, None if logical is None else dp * logical, by_kv, by_state)
+
+
+def group_balanced_ratio(model: K3Config, group: Group, spec: PlanSpec, slots_per_request: int) -> float:
+    """r* for this group from whole-model per-rank state and KV sizes."""
+    layers = range(model.num_layers)
+    return balanced_ratio(state_bytes_per_slot(model, layers, group, spec.precision),
+                          kv_bytes_per_token(model, layers, spec.precision), slots_per_request,
+                          spec.serving.draft_tokens, group.dcp, spec.workload.session_tokens)
+
+
+def _binding(stage: StageCapacity, cap: int | None) -> tuple[int, str]:
+    candidates = [(v, name) for v, name in ((stage.sessions_by_state, STATE_CEILING),
+                                            (stage.sessions_by_kv, KV_CEILING), (cap, RUNNING_CEILING))
+                  if v is not None]
+    return min(candidates, key=lambda c: c[0])
+
+
+def _notes(group: Group, spec: PlanSpec) -> tuple[str, ...]:
+    notes = []
+    system = spec.system
+    if system.spans_domains(group.gpus):
+        notes.append(f"TP{group.tp} spans {-(-group.gpus // system.nvlink_domain_size)} NVLink domains "
+                     f"over {system.network}")
+    if not system.native_mxfp4 and spec.precision.experts_mxfp4:
+        notes.append("MXFP4 experts run on the Marlin W4A16 path (dequantised per MAC): memory win kept, FLOP win lost")
+    if group.dcp > 1 and spec.serving.draft_tokens:
+        notes.append("DCP saves target MLA KV only; draft KV and KDA state are not DCP-sharded")
+    return tuple(notes)
+
+
+def plan_group(model: K3Config, group: Group, spec: PlanSpec) -> GroupPlan:
+    """Size one group: every PP stage, under the configured or the balanced state/KV ratio."""
+    slots = spec.serving.state_slots_per_request(group.overlap_schedule)
+    exact = group_balanced_ratio(model, group, spec, slots)
+    ratio = solved_ratio(exact) if spec.serving.auto_ratio else float(spec.serving.mamba_full_memory_ratio)
+    ranges = stage_layer_ranges(model.num_layers, group)
+    stages = tuple(
+        stage_capacity(stage_memory(model, spec.system, group, spec.precision, spec.serving, i, layers,
+                                    i == len(ranges) - 1, ratio), group, spec, slots)
+        for i, layers in enumerate(ranges))
+    binding_stage = min(range(len(stages)), key=lambda i: stages[i].sessions)
+    sessions, binding = _binding(stages[binding_stage], spec.serving.max_running_requests)
+    return GroupPlan(group, stages, binding_stage, slots, exact, sessions, binding, _notes(group, spec))
+
+
+def make_plan(spec: PlanSpec, model: K3Config | None = None) -> PlanResult:
+    """Check the topology, then size every group. Raises PlanError for a plan that cannot work."""
+    model = model or spec.load_model()
+    check_topology(spec.topology, model, spec.system)
+    groups = tuple(plan_group(model, g, spec) for g in spec.topology.groups)
+    return PlanResult(spec, model, checkpoint_bytes(model, spec.precision.experts_mxfp4), groups)

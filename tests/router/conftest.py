@@ -1,0 +1,72 @@
+"""Fixtures: mock SGLang workers and a router, all on 127.0.0.1 in background threads."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import httpx
+import pytest
+
+from k3_sglang.router.app import create_app
+from k3_sglang.router.config import PolicyConfig, ReliabilityConfig, RouterConfig, WorkerSpec
+from k3_sglang.router.mock_worker import MockState, create_mock_app
+from k3_sglang.router.threaded import ServerThread
+
+FAST_RELIABILITY = ReliabilityConfig(
+    health_interval_s=0.2, health_timeout_s=1.0, health_fail_threshold=2, health_success_threshold=1,
+    breaker_failure_threshold=3, breaker_success_threshold=1, breaker_open_s=0.5,
+    connect_timeout_s=1.0, read_timeout_s=2.0, write_timeout_s=2.0, pool_timeout_s=2.0,
+    max_retries=2, retry_backoff_s=0.01,
+)
+
+
+@dataclasses.dataclass
+class Fleet:
+    """Running mock workers and the router in front of them."""
+
+    workers: list[ServerThread]
+    states: list[MockState]
+    router: ServerThread
+    app: object
+
+    @property
+    def core(self):
+        return self.app.state.router.core
+
+    def worker_index(self, url: str) -> int:
+        return [w.url for w in self.workers].index(url)
+
+    def set_fault(self, index: int, **fault) -> None:
+        httpx.post(self.workers[index].url + "/_fault", json=fault, timeout=5).raise_for_status()
+
+    def wait_idle(self, timeout_s: float = 5.0) -> None:
+        """Wait until every ticket is closed (streams finish asynchronously)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(w.inflight_requests == 0 for w in self.core.fleet.workers.values()):
+                return
+            time.sleep(0.02)
+
+
+@pytest.fixture
+def make_fleet():
+    """Factory: `make_fleet(n, admin_key=..., policy=PolicyConfig(...))` -> Fleet; stopped at teardown."""
+    started: list[ServerThread] = []
+
+    def factory(n: int = 2, policy: PolicyConfig | None = None, reliability: ReliabilityConfig | None = None,
+                **router_kwargs) -> Fleet:
+        states = [MockState(name=f"w{i}") for i in range(n)]
+        workers = [ServerThread(create_mock_app(s)).start() for s in states]
+        started.extend(workers)
+        config = RouterConfig(workers=tuple(WorkerSpec(w.url) for w in workers),
+                              policy=policy or PolicyConfig(), reliability=reliability or FAST_RELIABILITY,
+                              **router_kwargs)
+        app = create_app(config)
+        router = ServerThread(app).start()
+        started.append(router)
+        return Fleet(workers, states, router, app)
+
+    yield factory
+    for server in reversed(started):
+        server.stop(timeout_s=5)
