@@ -13,7 +13,8 @@ from k3_sglang.kernels.mla.decode import default_num_splits, mla_decode_absorbed
 CUDA = "cuda"
 BF16 = torch.bfloat16
 TOL = 5e-3
-TOL_BF16_OUT = 1e-2  # outputs stored in bf16: one bf16 ulp is 2^-8 = 3.9e-3 relative# sizes beyond the K3 model constants (module globals, so a CPU dry run can shrink them)
+TOL_BF16_OUT = 1e-2  # outputs stored in bf16: one bf16 ulp is 2^-8 = 3.9e-3 relative
+# sizes beyond the K3 model constants (module globals, so a CPU dry run can shrink them)
 MX_SHAPE = (3072, 3584)  # one expert's w1 (gate): [3072 out, 3584 in]
 MERGE_SHAPE = (8, 64, MLA_HEADS, MLA_V)  # partials P, batch, heads, value dim
 PREFILL_CHECK = [300, 1, 90]

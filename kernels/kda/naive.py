@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from k3_sglang.kernels.norm.naive import compute_dtype
 
+_LOG2E = 1.4426950408889634
+
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x [..., K] -> x * rsqrt(sum(x^2) + eps) over the last dim, in x.dtype."""
     xf = x.to(compute_dtype(x))
@@ -151,14 +153,16 @@ def naive_recurrent_kda(
 
 
 def _decay_exact(xs, k, G):
-    """out[..., i, j] = sum_c x_ic k_jc exp(G_ic - G_jc) for j <= i (else 0), one [..., C, C] per x in xs.
+    """out[..., i, j] = sum_c x_ic k_jc 2^(G_ic - G_jc) for j <= i (else 0), one [..., C, C] per x in xs.
+
+    G is the in-chunk cumulative log-decay in base 2 (exp2 is several times faster than exp on CPU).
 
     Walks the C lower diagonals (offset d = i - j), so every exponent is <= 0 (no overflow whatever g is).
     """
     C = k.shape[-2]
     outs = [k.new_zeros(*k.shape[:-2], C, C) for _ in xs]
     for d in range(C):
-        ek = (G[..., d:, :] - G[..., :C - d, :]).exp() * k[..., :C - d, :]
+        ek = torch.exp2(G[..., d:, :] - G[..., :C - d, :]) * k[..., :C - d, :]
         for out, x in zip(outs, xs):
             out.diagonal(-d, -2, -1).copy_((x[..., d:, :] * ek).sum(-1))
     return outs
@@ -168,8 +172,8 @@ def _decay_matrices(xs, k, G):
     """Same result as _decay_exact, by 4-ary blocking: the strictly-lower blocks are matmuls and the diagonal
     blocks recurse, down to blocks of <= 4 rows done exactly.
 
-    For row block b, r = G at the last row before it, so exp(G_i - r) <= 1 and exp(r - G_j) <= 1 and their
-    product is exp(G_i - G_j) exactly. xs, k, G [..., C, K]; returns one [..., C, C] per x.
+    For row block b, r = G at the last row before it, so 2^(G_i - r) <= 1 and 2^(r - G_j) <= 1 and their
+    product is 2^(G_i - G_j) exactly. xs, k, G [..., C, K]; returns one [..., C, C] per x.
     """
     C, K = k.shape[-2:]
     if C <= 4 or C % 4:
@@ -186,8 +190,8 @@ def _decay_matrices(xs, k, G):
         if b == 0:
             continue
         r = G[..., b * s - 1:b * s, :]
-        up = (G[..., rows, :] - r).exp()
-        cols = (k[..., :b * s, :] * (r - G[..., :b * s, :]).exp()).transpose(-1, -2)
+        up = torch.exp2(G[..., rows, :] - r)
+        cols = (k[..., :b * s, :] * torch.exp2(r - G[..., :b * s, :])).transpose(-1, -2)
         for out, x in zip(outs, xs):
             out[..., rows, :b * s] = (x[..., rows, :] * up) @ cols
     return outs
@@ -200,15 +204,16 @@ def _intra_chunk(q, k, v, g, beta):
     in the notation of §2.1: Vnew = U - W S, O = Q_g S + A_qk Vnew, S' = decay_last * S + K_d^T Vnew.
     """
     C, K = k.shape[-2:]
-    G = g.cumsum(-2)
+    G = (g * _LOG2E).cumsum(-2)  # base-2 log decay: exp(x) == exp2(x * log2(e))
     A_kk, A_qk = _decay_matrices((k, q), k, G)
     eye = torch.eye(C, dtype=k.dtype, device=k.device)
     lower = eye + beta[..., :, None] * A_kk.tril(-1)
-    rhs = beta[..., None] * torch.cat([k * G.exp(), v], -1)
+    decay = torch.exp2(G)
+    rhs = beta[..., None] * torch.cat([k * decay, v], -1)
     WU = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
     W, U = WU[..., :K], WU[..., K:]
     G_last = G[..., -1:, :]
-    return W, U, A_qk, q * G.exp(), k * (G_last - G).exp(), G_last.squeeze(-2).exp()
+    return W, U, A_qk, q * decay, k * torch.exp2(G_last - G), torch.exp2(G_last.squeeze(-2))
 
 
 def _chunk_group_size(H: int, C: int, K: int, budget: int = 1 << 24) -> int:

@@ -32,3 +32,17 @@ def test_bare_kernels_from_repo_root_is_hf():
     hf_file, k3_file, _ = out.stdout.splitlines()
     assert Path(hf_file).resolve() != REPO / "kernels" / "__init__.py"
     assert Path(k3_file).resolve() == REPO / "kernels" / "__init__.py"
+
+
+def test_conftest_interpreter_is_honoured():
+    """TRITON_INTERPRET=1 set by conftest (before any kernel import) turns @triton.jit kernels into interpreted ones."""
+    import os
+
+    if os.environ.get("K3_KERNEL_TESTS_ON_GPU") == "1":
+        pytest.skip("compiled mode")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from k3_sglang.kernels.attn_res.read import attn_res_read_kernel
+
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    assert isinstance(attn_res_read_kernel, InterpretedFunction)

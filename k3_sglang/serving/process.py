@@ -1,0 +1,79 @@
+"""Start and stop a `k3 serve` process (used by the end-to-end tests and `k3 bench serve`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class K3ServerProcess:
+    """A `k3 serve` child on 127.0.0.1; `start()` waits for /health, `stop()` signals and reaps it."""
+
+    def __init__(self, args: list[str], log_path: Path, port: int | None = None, env: dict[str, str] | None = None):
+        self.port = port or free_port()
+        self.args = args
+        self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 300.0) -> "K3ServerProcess":
+        command = [sys.executable, "-m", "k3_sglang.cli", "serve", "--port", str(self.port), *self.args]
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"k3 serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self.healthy():
+                return self
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"k3 serve not healthy within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text()[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+    def __enter__(self) -> "K3ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
