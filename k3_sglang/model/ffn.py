@@ -10,8 +10,14 @@ import torch
 from torch import nn
 
 from k3_sglang.config import K3Config
-from k3_sglang.kernels.moe.naive import latent_moe, situ_mlp
+from k3_sglang.kernels.moe.naive import latent_moe, noaux_tc_route, situ, situ_mlp
+from k3_sglang.kernels.norm.naive import rms_norm
 from k3_sglang.model.common import RMSNorm
+
+# While evaluating every expert on every token stays under this many multiply-adds, the routed
+# experts run densely (all experts, off-route weights zero: a handful of large ops instead of a
+# pass per expert, the CPU decode path of small models); above it, one grouped pass per expert.
+DENSE_MOE_MAX_MACS = 64 << 20
 
 
 class SiTUMLP(nn.Module):
@@ -66,7 +72,33 @@ class LatentMoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        routed = latent_moe(
+        if x.shape[0] * 3 * self.experts.w1.numel() <= DENSE_MOE_MAX_MACS:
+            routed = self._routed_dense(x)
+        else:
+            routed = self._routed_grouped(x)
+        if self.shared_experts is not None:
+            routed = routed + self.shared_experts(x)
+        return routed
+
+    def _routed_dense(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] -> routed output [T, D], every expert on every token, combined by [T, E] routing weights."""
+        moe = self.moe
+        weights, ids = noaux_tc_route(x.float() @ self.gate.weight.float().T, self.gate.e_score_correction_bias,
+                                      moe.num_experts_per_token, moe.renormalize, moe.routed_scaling_factor)
+        combine = torch.zeros(x.shape[0], moe.num_experts, dtype=x.dtype, device=x.device)
+        combine.scatter_(1, ids, weights.to(x.dtype))  # [T, E], zero off-route
+        w1, w3, w2 = self.experts.w1, self.experts.w3, self.experts.w2  # [E, I, Dl], [E, I, Dl], [E, Dl, I]
+        e, i, dl = w1.shape
+        z = x @ self.routed_expert_down_proj.weight.T  # [T, Dl]
+        gate = (z @ w1.reshape(e * i, dl).T).view(-1, e, i)
+        up = (z @ w3.reshape(e * i, dl).T).view(-1, e, i)
+        h = situ(gate, up, self.situ.beta, self.situ.linear_beta) * combine.unsqueeze(-1)  # [T, E, I]
+        r = torch.bmm(h.transpose(0, 1), w2.transpose(1, 2)).sum(dim=0)  # [T, Dl]
+        r = rms_norm(r, self.routed_expert_norm.weight, self.routed_expert_norm.eps)
+        return r @ self.routed_expert_up_proj.weight.T
+
+    def _routed_grouped(self, x: torch.Tensor) -> torch.Tensor:
+        return latent_moe(
             x, self.gate.weight, self.gate.e_score_correction_bias,
             self.routed_expert_down_proj.weight, self.routed_expert_up_proj.weight,
             self.routed_expert_norm.weight, self.routed_expert_norm.eps,
@@ -74,6 +106,3 @@ class LatentMoE(nn.Module):
             self.moe.num_experts_per_token, self.moe.renormalize, self.moe.routed_scaling_factor,
             self.situ.beta, self.situ.linear_beta,
         )
-        if self.shared_experts is not None:
-            routed = routed + self.shared_experts(x)
-        return routed

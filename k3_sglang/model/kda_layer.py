@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from k3_sglang.config import K3Config
-from k3_sglang.model.common import WeightOnly
+from k3_sglang.model.common import FusedWeightCache, WeightOnly
 from k3_sglang.kernels.kda.naive import (
     chunk_kda,
     gated_rms_norm,
@@ -82,19 +82,23 @@ class KDAMixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(kda.num_heads, dtype=fp32), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.zeros(p, dtype=fp32), requires_grad=False)
         self.o_norm = WeightOnly(kda.head_dim, dtype=fp32, fill=1.0)
+        self._in_proj = FusedWeightCache()  # q|k|v|g|f_a|b as one matmul
 
     # -- pieces shared by prefill and decode
     def _conv_weight(self) -> torch.Tensor:
         """[3P, W] depthwise kernel for the concatenated q|k|v channels."""
         return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], dim=0).squeeze(1)
 
-    def _gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [T, hidden] -> (g [T, H, K] log-decay, beta [T, H], out_gate [T, H, V])."""
-        t, h, d = x.shape[0], self.num_heads, self.head_dim
-        f = self.f_b_proj(self.f_a_proj(x)).view(t, h, d)
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [T, hidden] -> (pre-conv q|k|v [T, 3P] fp32, g [T, H, K] log-decay, beta [T, H], out_gate [T, H, V])."""
+        t, h, d, p = x.shape[0], self.num_heads, self.head_dim, self.proj_dim
+        weights = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj.weight,
+                   self.f_a_proj.weight, self.b_proj.weight]
+        fused = x @ self._in_proj.get(weights).T
+        qkv, out_gate, f_low, b = fused.split([3 * p, p, d, h], dim=-1)
+        f = self.f_b_proj(f_low).view(t, h, d)
         g = kda_gate(f, self.A_log, self.dt_bias, self.lower_bound)
-        beta = torch.sigmoid(self.b_proj(x).float())
-        return g, beta, self.g_proj(x).view(t, h, d)
+        return qkv.float(), g, torch.sigmoid(b.float()), out_gate.reshape(t, h, d)
 
     def _split_qkv(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Post-conv [T, 3P] -> q, k (L2-normalised) [T, H, K] and v [T, H, V], fp32."""
@@ -105,9 +109,6 @@ class KDAMixer(nn.Module):
     def _output(self, o: torch.Tensor, out_gate: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         o = gated_rms_norm(o, out_gate.float(), self.o_norm.weight, self.eps)
         return self.o_proj(o.reshape(o.shape[0], self.proj_dim).to(dtype))
-
-    def _pre_conv(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
 
     # -- SGLang forward
     def forward(self, x: torch.Tensor, forward_batch) -> torch.Tensor:
@@ -123,19 +124,18 @@ class KDAMixer(nn.Module):
         """One new token per request: x [B, hidden]."""
         slots = state.slots
         window = state.conv[slots].float()  # [B, W-1, 3P]
-        rows = torch.cat([window, self._pre_conv(x).float().unsqueeze(1)], dim=1)  # [B, W, 3P]
+        pre, g, beta, out_gate = self._project(x)
+        rows = torch.cat([window, pre.unsqueeze(1)], dim=1)  # [B, W, 3P]
         y = F.silu((rows * self._conv_weight().t().unsqueeze(0)).sum(dim=1))
         state.conv[slots] = rows[:, 1:].to(state.conv.dtype)
         q, k, v = self._split_qkv(y)
-        g, beta, out_gate = self._gates(x)
         o, new_state = kda_recurrent_step(q, k, v, g, beta, self.scale, state.temporal[slots].float())
         state.temporal[slots] = new_state.to(state.temporal.dtype)
         return self._output(o, out_gate, x.dtype)
 
     def _forward_extend(self, x: torch.Tensor, state: KDAStateView, prefix_lens: list[int]) -> torch.Tensor:
         """Variable-length prefill chunks; request i owns rows qsl[i]:qsl[i+1]."""
-        pre = self._pre_conv(x).float()
-        g_all, beta_all, gate_all = self._gates(x)
+        pre, g_all, beta_all, gate_all = self._project(x)
         weight = self._conv_weight()
         out = torch.empty(x.shape[0], self.num_heads, self.head_dim, dtype=torch.float32, device=x.device)
         bounds = state.query_start_loc.tolist()

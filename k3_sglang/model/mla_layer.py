@@ -39,6 +39,29 @@ class MLAMixer(nn.Module):
             num_kv_heads=1, layer_id=layer_id, v_head_dim=mla.kv_lora_rank,
         )
 
+    def _decode_batched(self, q_lat: torch.Tensor, rows: torch.Tensor, forward_batch) -> torch.Tensor:
+        """One new token per request, all requests in one padded batched attention.
+
+        q_lat [B, H, L], rows [B, L] (this step's cache rows, written to the pool first) -> o_lat [B, H*C].
+        SGLang's torch_native decode loops over requests in Python; this keeps batch-32 decode
+        bound by compute rather than by per-request overhead.
+        """
+        from sglang.srt.model_executor.forward_context import get_attn_backend
+
+        backend = get_attn_backend()
+        backend = getattr(backend, "full_attn_backend", backend)
+        pool = backend.token_to_kv_pool
+        pool.set_kv_buffer(self.attn, forward_batch.out_cache_loc, rows.unsqueeze(1), None)
+        cache = pool.get_key_buffer(self.attn.layer_id)  # [N, 1, L]
+        seq_lens = forward_batch.seq_lens
+        longest = int(forward_batch.seq_lens_cpu.max()) if forward_batch.seq_lens_cpu is not None else int(seq_lens.max())
+        slots = backend.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :longest].long()  # [B, S]
+        keys = cache[slots, 0].to(q_lat.dtype)  # [B, S, L]
+        valid = torch.arange(longest, device=q_lat.device)[None, :] < seq_lens[:, None]  # [B, S]
+        scores = torch.matmul(q_lat, keys.transpose(1, 2)) * self.attn.scaling  # [B, H, S]
+        probs = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
+        return torch.matmul(probs, keys[..., : self.kv_lora_rank]).reshape(q_lat.shape[0], -1)
+
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_UK [H, Dn, C], W_UV [H, Dv, C]) split per head from kv_b_proj [H*(Dn+Dv), C]."""
         w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
@@ -56,7 +79,8 @@ class MLAMixer(nn.Module):
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q_nope, q_pe = q.view(t, self.num_heads, -1).split([self.nope_dim, self.rope_dim], dim=-1)
         w_uk, _ = self.absorbed_weights()
-        return torch.cat([torch.einsum("thd,hdc->thc", q_nope, w_uk), q_pe], dim=-1)
+        q_abs = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, C]
+        return torch.cat([q_abs, q_pe], dim=-1)
 
     def forward(self, x: torch.Tensor, forward_batch) -> torch.Tensor:
         t = x.shape[0]
@@ -64,8 +88,12 @@ class MLAMixer(nn.Module):
             return torch.zeros_like(x)
         rows = self.latent_rows(x)
         q_lat = self.absorbed_query(x)
-        o_lat = self.attn(q_lat, rows.unsqueeze(1), rows[:, : self.kv_lora_rank].unsqueeze(1), forward_batch)
+        if forward_batch.forward_mode.is_decode():
+            o_lat = self._decode_batched(q_lat, rows, forward_batch)
+        else:
+            o_lat = self.attn(q_lat, rows.unsqueeze(1), rows[:, : self.kv_lora_rank].unsqueeze(1), forward_batch)
         _, w_uv = self.absorbed_weights()
-        o = torch.einsum("thc,hdc->thd", o_lat.view(t, self.num_heads, self.kv_lora_rank), w_uv)
+        o_lat = o_lat.view(t, self.num_heads, self.kv_lora_rank).transpose(0, 1)  # [H, T, C]
+        o = torch.bmm(o_lat, w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, Dv]
         o = o * torch.sigmoid(self.g_proj(x).view(t, self.num_heads, self.v_dim))
         return self.o_proj(o.reshape(t, -1))

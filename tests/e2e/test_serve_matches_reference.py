@@ -56,3 +56,13 @@ def test_prefix_cache_reuse_gives_same_output(server):
     fresh = _generate(server, follow_up, 16)
     assert fresh["meta_info"]["cached_tokens"] == 0
     assert cached["output_ids"] == fresh["output_ids"]
+
+
+def test_concurrent_batch_matches_reference(server, reference):
+    """The three prompts decoded together (batched KDA and MLA decode, different lengths)."""
+    import concurrent.futures
+
+    prompts = _prompts()
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda ids: _generate(server, ids, 12)["output_ids"], prompts))
+    assert got == [reference.greedy(ids, 12) for ids in prompts]
