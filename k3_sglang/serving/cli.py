@@ -27,7 +27,9 @@ CPU_DEFAULTS = {
     # on CPU the no_buffer strategy (which needs the overlap scheduler off) keeps prefix caching.
     "--mamba-radix-cache-strategy": "no_buffer",
 }
-CPU_FLAGS = ("--disable-overlap-schedule",)
+# An idle SGLang scheduler busy-polls a whole core unless told to sleep; on a 2-core host that
+# starves everything else.
+CPU_FLAGS = ("--disable-overlap-schedule", "--sleep-on-idle")
 # Our K3 class is the text model and dequantises its MXFP4 experts itself: tell SGLang's
 # model config so (it would otherwise start the MoonViT multimodal processor for the K3
 # architecture name and build a compressed-tensors quant method that has no CPU path).

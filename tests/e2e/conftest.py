@@ -6,10 +6,15 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from k3_sglang.serving.process import K3ServerProcess
 
 CHUNK = 64  # chunked-prefill size: prompts longer than this cross KDA chunk boundaries
+
+# The reference forward runs in this process beside the server: with both using OpenMP threads
+# on 2 cores, spin-waiting makes the (tiny, overhead-bound) reference orders of magnitude slower.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +11,8 @@ from k3_sglang import cli
 from k3_sglang.router.cli import build_serve_config
 from k3_sglang.router.config import ConfigError, load_config_file
 
-TRACE = "/work/shared/data/mooncake-synthetic-trace.jsonl"
+# ../shared/ sits beside the checkout (on dev machines and in CI)
+TRACE = str(Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake-synthetic-trace.jsonl")
 
 
 def parse(argv):
