@@ -27,6 +27,11 @@ from k3_sglang.kernels.kda.naive import (
 )
 
 
+# The six input projections run as one matmul over a cached concatenated weight while that copy
+# stays small (the tiny model on CPU); larger layers run them separately.
+FUSED_PROJ_MAX_BYTES = 32 << 20
+
+
 @dataclass(frozen=True)
 class KDAStateView:
     """Where one KDA layer's per-request state lives for the current batch."""
@@ -94,7 +99,10 @@ class KDAMixer(nn.Module):
         t, h, d, p = x.shape[0], self.num_heads, self.head_dim, self.proj_dim
         weights = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj.weight,
                    self.f_a_proj.weight, self.b_proj.weight]
-        fused = x @ self._in_proj.get(weights).T
+        if sum(w.numel() * w.element_size() for w in weights) <= FUSED_PROJ_MAX_BYTES:
+            fused = x @ self._in_proj.get(weights).T
+        else:  # a fused copy of K3-full's projections would double ~0.7 GB per layer
+            fused = torch.cat([x @ w.T for w in weights], dim=-1)
         qkv, out_gate, f_low, b = fused.split([3 * p, p, d, h], dim=-1)
         f = self.f_b_proj(f_low).view(t, h, d)
         g = kda_gate(f, self.A_log, self.dt_bias, self.lower_bound)
