@@ -91,3 +91,15 @@ def test_namespaced_packages_and_hf_kernels_both_import():
     assert ours.__file__ != hf.__file__
     importlib.import_module("k3_sglang.parallel")
     importlib.import_module("k3_sglang.launch")
+
+
+def test_make_tiny_and_bench_serve_bad_input(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["make-tiny", str(blocker)]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    assert main(["bench", "serve", "--concurrency", "0", "--out", "-"]) == 2
+    assert "--concurrency" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["make-tiny"])
+    assert exc.value.code == 2
