@@ -11,7 +11,7 @@ structural feature). `K3Config.to_hf()` writes the published nested layout back 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -253,11 +253,7 @@ class K3Config:
 
     # -- layer structure
     def is_kda_layer(self, layer_id: int) -> bool:
-        return layer_id in self._kda_set
-
-    @property
-    def _kda_set(self) -> frozenset[int]:
-        return frozenset(self.kda.layer_ids)
+        return layer_id in self.kda.layer_ids
 
     @property
     def num_kda_layers(self) -> int:
@@ -301,9 +297,6 @@ class K3Config:
         from k3_sglang.config_hf import to_hf_config
 
         return to_hf_config(self)
-
-    def field_names(self) -> list[str]:
-        return [f.name for f in fields(self)]
 
 
 def preset(name: str) -> K3Config:

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import uvicorn
 
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from k3_sglang.net import free_port  # noqa: F401 - re-exported for tests and benches
 
 
 class ServerThread:
