@@ -65,7 +65,7 @@ def k3_tiny() -> K3Config:
         num_layers=9,
         vocab_size=TINY_VOCAB,
         rms_norm_eps=1e-5,
-        max_position_embeddings=4096,
+        max_position_embeddings=131072,  # NoPE MLA: positionless; long enough for 100K-token sessions
         tie_word_embeddings=False,
         tokens=TokenIds(bos=TINY_BPE_RANKS + 0, eos=TINY_BPE_RANKS + 2, pad=TINY_BPE_RANKS + 255),
         kda=KDAConfig(num_heads=4, head_dim=32, conv_kernel_size=4, gate_lower_bound=-5.0,

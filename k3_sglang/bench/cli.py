@@ -10,6 +10,7 @@ import importlib
 
 BENCH_TARGETS: dict[str, tuple[str, str]] = {
     "serve": ("k3_sglang.bench.serve", "cold start, batch-1 decode and 32-way throughput of `k3 serve`"),
+    "long-context": ("k3_sglang.bench.long_context", "prefill time and decode rate of `k3 serve` at 4K-100K tokens"),
     "kda-prefill": ("k3_sglang.bench.kda_prefill", "chunked torch KDA vs the per-token recurrence on CPU"),
     "kernels": ("k3_sglang.bench.kernels", "Triton kernels vs references at K3-full shapes (CUDA only)"),
     "router": ("k3_sglang.bench.router", "router placement latency, memory and proxy overhead"),

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from k3_sglang.kernels.mxfp4.naive import dequant_mxfp4
+from k3_sglang.kernels import dispatch
 
 SKIPPED_PREFIXES = ("vision_tower.", "mm_projector.", "language_model.vision_tower.", "language_model.mm_projector.")
 EXPERT_RE = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.experts)\.(\d+)\.(w[123])\.(weight|weight_packed|weight_scale)$")
@@ -79,7 +79,7 @@ class K3WeightLoader:
         parts = self._expert_parts.setdefault((name, expert, which), {})
         parts[kind] = tensor
         if len(parts) == 2:
-            dense = dequant_mxfp4(parts["weight_packed"], parts["weight_scale"], torch.float32)
+            dense = dispatch.dequant_mxfp4(parts["weight_packed"], parts["weight_scale"], torch.float32)
             del self._expert_parts[(name, expert, which)]
             self._store_expert(name, param, expert, which, dense)
 

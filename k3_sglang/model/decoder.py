@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from k3_sglang.config import K3Config
-from k3_sglang.kernels.attn_res.naive import attn_res_read
+from k3_sglang.kernels import dispatch
 from k3_sglang.model.common import RMSNorm, WeightOnly
 from k3_sglang.model.ffn import LatentMoE, SiTUMLP
 from k3_sglang.model.kda_layer import KDAMixer
@@ -26,10 +26,11 @@ from k3_sglang.model.mla_layer import MLAMixer
 def attn_res(bank: list[torch.Tensor], live: torch.Tensor, norm: WeightOnly, proj: WeightOnly, eps: float) -> torch.Tensor:
     """One AttnRes read site. bank: sealed [T, D] snapshots; live [T, D] -> mixed stream [T, D].
 
-    The site's pseudo-query is the fused product res_norm.weight [D] * res_proj.weight[0] [D].
+    The site's pseudo-query is the fused product res_norm.weight [D] * res_proj.weight[0] [D]; the read runs
+    through `dispatch.attn_res_read` (Triton on CUDA, torch elsewhere).
     """
     weight = norm.weight.float() * proj.weight[0].float()
-    return attn_res_read(torch.stack([*bank, live]), weight, eps)
+    return dispatch.attn_res_read(torch.stack([*bank, live]), weight, eps)
 
 
 class K3DecoderLayer(nn.Module):

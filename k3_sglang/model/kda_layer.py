@@ -1,10 +1,12 @@
-"""K3's KDA mixer inside SGLang: projections here, state in SGLang's hybrid linear-state pool.
+"""K3's KDA mixer inside SGLang: projections here, the recurrence through `k3_sglang.kernels.dispatch`.
 
 The conv windows and fp32 recurrent states live in SGLang's mamba pool
 (`req_to_token_pool.mamba2_layer_cache(layer_id)`: conv [slots, W-1, 3P] holding the q|k|v
 pre-conv rows, temporal [slots, H, K, V]); the slot of each request comes from the hybrid
-backend's forward metadata. Prefill runs the chunked KDA form (no per-token loop); decode runs
-one vectorised recurrent step for the whole batch.
+backend's forward metadata. Prefill is `dispatch.kda_prefill` (chunked KDA, varlen), decode
+`dispatch.kda_decode` (one fused step for the whole batch): Triton on CUDA, torch elsewhere, one
+contract (kernels/kda/decode_common.py), including padding requests (slot -1, as SGLang's
+CUDA-graph decode pads): output 0 and no pool row touched.
 """
 
 from __future__ import annotations
@@ -12,19 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from k3_sglang.config import K3Config
+from k3_sglang.kernels import dispatch
+from k3_sglang.kernels.kda.decode_common import KDAOptions, KDAWeights
 from k3_sglang.model.common import FusedWeightCache, WeightOnly
-from k3_sglang.kernels.kda.naive import (
-    chunk_kda,
-    gated_rms_norm,
-    kda_gate,
-    kda_recurrent_step,
-    l2_normalize,
-    short_conv_silu,
-)
 
 
 # The six input projections run as one matmul over a cached concatenated weight while that copy
@@ -88,15 +83,19 @@ class KDAMixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(p, dtype=fp32), requires_grad=False)
         self.o_norm = WeightOnly(kda.head_dim, dtype=fp32, fill=1.0)
         self._in_proj = FusedWeightCache()  # q|k|v|g|f_a|b as one matmul
+        self._conv = FusedWeightCache()  # the q|k|v depthwise kernels as one [3P, 1, W] weight
 
     # -- pieces shared by prefill and decode
-    def _conv_weight(self) -> torch.Tensor:
-        """[3P, W] depthwise kernel for the concatenated q|k|v channels."""
-        return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], dim=0).squeeze(1)
+    def kernel_args(self) -> tuple[KDAWeights, KDAOptions]:
+        """The layer's weights and scalars in the dispatch ops' form (conv kernel [3P, W] for the q|k|v channels)."""
+        conv = self._conv.get([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)
+        weights = KDAWeights(conv_weight=conv, A_log=self.A_log, dt_bias=self.dt_bias, o_norm=self.o_norm.weight)
+        return weights, KDAOptions(scale=self.scale, lower_bound=self.lower_bound, norm_eps=self.eps)
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x [T, hidden] -> (pre-conv q|k|v [T, 3P] fp32, g [T, H, K] log-decay, beta [T, H], out_gate [T, H, V])."""
-        t, h, d, p = x.shape[0], self.num_heads, self.head_dim, self.proj_dim
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [T, hidden] -> the raw kernel inputs, contiguous, in x.dtype: pre-conv q|k|v [T, 3P],
+        gate input f [T, H*K], beta logits b [T, H], output gate [T, H*V]."""
+        d, h, p = self.head_dim, self.num_heads, self.proj_dim
         weights = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj.weight,
                    self.f_a_proj.weight, self.b_proj.weight]
         if sum(w.numel() * w.element_size() for w in weights) <= FUSED_PROJ_MAX_BYTES:
@@ -104,19 +103,7 @@ class KDAMixer(nn.Module):
         else:  # a fused copy of K3-full's projections would double ~0.7 GB per layer
             fused = torch.cat([x @ w.T for w in weights], dim=-1)
         qkv, out_gate, f_low, b = fused.split([3 * p, p, d, h], dim=-1)
-        f = self.f_b_proj(f_low).view(t, h, d)
-        g = kda_gate(f, self.A_log, self.dt_bias, self.lower_bound)
-        return qkv.float(), g, torch.sigmoid(b.float()), out_gate.reshape(t, h, d)
-
-    def _split_qkv(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Post-conv [T, 3P] -> q, k (L2-normalised) [T, H, K] and v [T, H, V], fp32."""
-        t, h, d = y.shape[0], self.num_heads, self.head_dim
-        q, k, v = y.float().split(self.proj_dim, dim=-1)
-        return l2_normalize(q.view(t, h, d)), l2_normalize(k.view(t, h, d)), v.reshape(t, h, d)
-
-    def _output(self, o: torch.Tensor, out_gate: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        o = gated_rms_norm(o, out_gate.float(), self.o_norm.weight, self.eps)
-        return self.o_proj(o.reshape(o.shape[0], self.proj_dim).to(dtype))
+        return qkv.contiguous(), self.f_b_proj(f_low), b.contiguous(), out_gate.contiguous()
 
     # -- SGLang forward
     def forward(self, x: torch.Tensor, forward_batch) -> torch.Tensor:
@@ -125,39 +112,23 @@ class KDAMixer(nn.Module):
             return torch.zeros_like(x)
         state = kda_state_view(forward_batch, self.layer_id)
         if mode.is_decode():
-            return self._forward_decode(x, state)
-        return self._forward_extend(x, state, forward_batch.extend_prefix_lens_cpu)
+            return self.forward_decode(x, state)
+        return self.forward_extend(x, state, forward_batch.extend_prefix_lens_cpu)
 
-    def _forward_decode(self, x: torch.Tensor, state: KDAStateView) -> torch.Tensor:
-        """One new token per request: x [B, hidden]."""
-        slots = state.slots
-        window = state.conv[slots].float()  # [B, W-1, 3P]
-        pre, g, beta, out_gate = self._project(x)
-        rows = torch.cat([window, pre.unsqueeze(1)], dim=1)  # [B, W, 3P]
-        y = F.silu((rows * self._conv_weight().t().unsqueeze(0)).sum(dim=1))
-        state.conv[slots] = rows[:, 1:].to(state.conv.dtype)
-        q, k, v = self._split_qkv(y)
-        o, new_state = kda_recurrent_step(q, k, v, g, beta, self.scale, state.temporal[slots].float())
-        state.temporal[slots] = new_state.to(state.temporal.dtype)
-        return self._output(o, out_gate, x.dtype)
+    def forward_decode(self, x: torch.Tensor, state: KDAStateView) -> torch.Tensor:
+        """One new token per request: x [B, hidden] -> [B, hidden]; a padding request (slot -1) gives 0."""
+        pre, f, b, out_gate = self.project(x)
+        weights, opts = self.kernel_args()
+        o = dispatch.kda_decode(pre.to(state.conv.dtype)[:, None], f[:, None], b[:, None], out_gate[:, None], weights,
+                                state.conv, state.temporal, state.slots, opts)  # [B, 1, H*V]
+        return self.o_proj(o[:, 0].to(x.dtype))
 
-    def _forward_extend(self, x: torch.Tensor, state: KDAStateView, prefix_lens: list[int]) -> torch.Tensor:
-        """Variable-length prefill chunks; request i owns rows qsl[i]:qsl[i+1]."""
-        pre, g_all, beta_all, gate_all = self._project(x)
-        weight = self._conv_weight()
-        out = torch.empty(x.shape[0], self.num_heads, self.head_dim, dtype=torch.float32, device=x.device)
-        bounds = state.query_start_loc.tolist()
-        for i, slot in enumerate(state.slots.tolist()):
-            lo, hi = bounds[i], bounds[i + 1]
-            if hi == lo:
-                continue
-            fresh = prefix_lens[i] == 0
-            window = None if fresh else state.conv[slot].float()
-            init = None if fresh else state.temporal[slot].float()
-            y, new_window = short_conv_silu(pre[lo:hi], weight, window)
-            q, k, v = self._split_qkv(y)
-            o, final = chunk_kda(q, k, v, g_all[lo:hi], beta_all[lo:hi], self.scale, initial_state=init)
-            out[lo:hi] = o
-            state.conv[slot] = new_window.to(state.conv.dtype)
-            state.temporal[slot] = final.to(state.temporal.dtype)
-        return self._output(out, gate_all, x.dtype)
+    def forward_extend(self, x: torch.Tensor, state: KDAStateView, prefix_lens: list[int]) -> torch.Tensor:
+        """Variable-length prefill chunks x [T, hidden] -> [T, hidden]; request i owns rows qsl[i]:qsl[i+1] and
+        continues from its slot's state when it has a cached prefix."""
+        pre, f, b, out_gate = self.project(x)
+        weights, opts = self.kernel_args()
+        has_state = torch.tensor([int(n) > 0 for n in prefix_lens], dtype=torch.bool, device=x.device)
+        o = dispatch.kda_prefill(pre.to(state.conv.dtype), f, b, out_gate, state.query_start_loc, weights, state.conv,
+                                 state.temporal, state.slots, has_state, opts)  # [T, H*V]
+        return self.o_proj(o.to(x.dtype))

@@ -13,6 +13,8 @@ from torch import nn
 
 from k3_sglang.config import K3Config
 from k3_sglang.model.common import RMSNorm
+from k3_sglang.model.mla_extend import mla_extend_forward
+from k3_sglang.model.settings import model_settings
 
 
 class MLAMixer(nn.Module):
@@ -34,33 +36,35 @@ class MLAMixer(nn.Module):
         self.kv_b_proj = nn.Linear(mla.kv_lora_rank, mla.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
         self.g_proj = nn.Linear(hidden, mla.num_heads * mla.v_head_dim, bias=False)
         self.o_proj = nn.Linear(mla.num_heads * mla.v_head_dim, hidden, bias=False)
+        self.chunk_extend = model_settings().mla_extend == "chunk"
         self.attn = RadixAttention(
             num_heads=mla.num_heads, head_dim=mla.latent_dim, scaling=mla.softmax_scale,
             num_kv_heads=1, layer_id=layer_id, v_head_dim=mla.kv_lora_rank,
         )
 
     def _decode_batched(self, q_lat: torch.Tensor, rows: torch.Tensor, forward_batch) -> torch.Tensor:
-        """One new token per request, all requests in one padded batched attention.
+        """One new token per request through `dispatch.mla_decode` (Triton split-KV on CUDA; elsewhere one padded
+        batched attention, since SGLang's torch_native decode loops over requests in Python).
 
         q_lat [B, H, L], rows [B, L] (this step's cache rows, written to the pool first) -> o_lat [B, H*C].
-        SGLang's torch_native decode loops over requests in Python; this keeps batch-32 decode
-        bound by compute rather than by per-request overhead.
+        Each request's keys are its req_to_token rows up to the device-side seq_lens (never seq_lens_cpu, a fill
+        value during CUDA-graph capture). The LSE comes back too (for DCP's merge; unused at one rank).
         """
         from sglang.srt.model_executor.forward_context import get_attn_backend
+
+        from k3_sglang.kernels import dispatch
+        from k3_sglang.kernels.mla.decode_layout import decode_kv_layout
 
         backend = get_attn_backend()
         backend = getattr(backend, "full_attn_backend", backend)
         pool = backend.token_to_kv_pool
         pool.set_kv_buffer(self.attn, forward_batch.out_cache_loc, rows.unsqueeze(1), None)
         cache = pool.get_key_buffer(self.attn.layer_id)  # [N, 1, L]
-        seq_lens = forward_batch.seq_lens
-        longest = int(forward_batch.seq_lens_cpu.max()) if forward_batch.seq_lens_cpu is not None else int(seq_lens.max())
-        slots = backend.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :longest].long()  # [B, S]
-        keys = cache[slots, 0].to(q_lat.dtype)  # [B, S, L]
-        valid = torch.arange(longest, device=q_lat.device)[None, :] < seq_lens[:, None]  # [B, S]
-        scores = torch.matmul(q_lat, keys.transpose(1, 2)) * self.attn.scaling  # [B, H, S]
-        probs = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
-        return torch.matmul(probs, keys[..., : self.kv_lora_rank]).reshape(q_lat.shape[0], -1)
+        kv_indices, kv_indptr = decode_kv_layout(backend.req_to_token_pool.req_to_token,
+                                                 forward_batch.req_pool_indices, forward_batch.seq_lens)
+        o_lat, _lse = dispatch.mla_decode(q_lat, cache.view(cache.shape[0], -1), kv_indices, kv_indptr,
+                                          self.kv_lora_rank, self.attn.scaling)  # [B, H, C], [B, H]
+        return o_lat.reshape(q_lat.shape[0], -1)
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_UK [H, Dn, C], W_UV [H, Dv, C]) split per head from kv_b_proj [H*(Dn+Dv), C]."""
@@ -90,7 +94,9 @@ class MLAMixer(nn.Module):
         q_lat = self.absorbed_query(x)
         if forward_batch.forward_mode.is_decode():
             o_lat = self._decode_batched(q_lat, rows, forward_batch)
-        else:
+        elif self.chunk_extend:
+            o_lat = mla_extend_forward(self.attn, q_lat, rows, forward_batch, self.kv_lora_rank)
+        else:  # SGLang's torch_native extend (recomputes prefix + chunk): the long-context baseline only
             o_lat = self.attn(q_lat, rows.unsqueeze(1), rows[:, : self.kv_lora_rank].unsqueeze(1), forward_batch)
         _, w_uv = self.absorbed_weights()
         o_lat = o_lat.view(t, self.num_heads, self.kv_lora_rank).transpose(0, 1)  # [H, T, C]

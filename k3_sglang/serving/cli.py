@@ -1,8 +1,11 @@
 """`k3 serve [--model-path DIR] [any sglang args]`: SGLang's server with K3 registered.
 
 With no --model-path it builds the k3-tiny checkpoint once into the cache folder and serves
-it on 127.0.0.1:30000. On a host without CUDA it selects our CPU platform plugin. Flags we do
-not know are passed to SGLang unchanged; our defaults apply only where the user gave none.
+it on 127.0.0.1:30000. Which K3 runs (serving/model_choice.py): on CUDA, SGLang's own K3 model
+with the checkpoint's quantization, unless K3_MODEL_IMPL=portable or the checkpoint is the tiny
+one; on a host without CUDA, this repo's portable model on our CPU platform plugin. The portable
+model refuses, before anything starts, what it cannot serve (serving/portable_limits.py). Flags
+we do not know are passed to SGLang unchanged; our defaults apply only where the user gave none.
 """
 
 from __future__ import annotations
@@ -12,30 +15,40 @@ import os
 import sys
 from pathlib import Path
 
+from k3_sglang.serving.model_choice import PORTABLE_PACKAGE, ServedModel
 from k3_sglang.serving.settings import ServeSettings
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
-TINY_DIR_NAME = "k3-tiny-v1"
+TINY_DIR_NAME = "k3-tiny-v2"  # v2: 128K-token context (max_position_embeddings 131072)
 # Defaults for the embedded (CPU) path; each is skipped when the user passes that flag.
 CPU_DEFAULTS = {
-    "--max-total-tokens": "16384",
+    # The KV pool holds one 128K-token session (k3-tiny: 3 MLA layers x 80 values, 63 MB in bf16); a prompt
+    # longer than the pool gets SGLang's 400 "exceeds the maximum allowed length".
+    "--max-total-tokens": "131072",
     "--max-running-requests": "48",
     "--chunked-prefill-size": "512",
     "--max-mamba-cache-size": "64",
-    # SGLang's extra_buffer prefix-cache strategy snapshots KDA state inside its CUDA kernels;
-    # on CPU the no_buffer strategy (which needs the overlap scheduler off) keeps prefix caching.
-    "--mamba-radix-cache-strategy": "no_buffer",
 }
 # An idle SGLang scheduler busy-polls a whole core unless told to sleep; on a 2-core host that
 # starves everything else.
-CPU_FLAGS = ("--disable-overlap-schedule", "--sleep-on-idle")
-# Our K3 class is the text model and dequantises its MXFP4 experts itself: tell SGLang's
+CPU_FLAGS = ("--sleep-on-idle",)
+# The portable K3 class is the text model and dequantises its MXFP4 experts itself: tell SGLang's
 # model config so (it would otherwise start the MoonViT multimodal processor for the K3
 # architecture name and build a compressed-tensors quant method that has no CPU path).
 TEXT_ONLY_OVERRIDE = '{"language_model_only": true, "quantization_config": null}'
-COMMON_DEFAULTS = {"--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3",
-                   "--json-model-override-args": TEXT_ONLY_OVERRIDE}
+# The portable model on any device: text only; SGLang's no_buffer KDA prefix-cache strategy (extra_buffer
+# snapshots states inside SGLang's KDA backend, which the portable layers bypass; no_buffer needs the
+# overlap scheduler off); eager forward (no CUDA graphs). portable_limits.py refuses the opposite choices.
+PORTABLE_DEFAULTS = {
+    "--json-model-override-args": TEXT_ONLY_OVERRIDE,
+    "--mamba-radix-cache-strategy": "no_buffer",
+    "--cuda-graph-backend-decode": "disabled",
+    "--cuda-graph-backend-prefill": "disabled",
+}
+PORTABLE_FLAGS = ("--disable-overlap-schedule",)
+# Both models: K3's XTML reasoning and tool-call channels.
+COMMON_DEFAULTS = {"--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3"}
 COMMON_FLAGS: tuple[str, ...] = ()
 
 
@@ -101,23 +114,29 @@ def validate_model_path(path: Path) -> None:
         raise CliError(f"--model-path {path}: {exc}") from None
 
 
-def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu: bool) -> list[str]:
+def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu: bool,
+                portable: bool = True) -> list[str]:
+    """SGLang's command line: ours (host, port, the defaults the user did not override), then the user's flags."""
     argv = ["--model-path", str(model_path), "--host", host, "--port", str(port)]
-    defaults = {**COMMON_DEFAULTS, **(CPU_DEFAULTS if on_cpu else {})}
+    defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if portable else {}), **(CPU_DEFAULTS if on_cpu else {})}
     if _has_flag(extra, "--skip-tokenizer-init"):
         defaults.pop("--reasoning-parser")
         defaults.pop("--tool-call-parser")
     for flag, value in defaults.items():
         if not _has_flag(extra, flag):
             argv += [flag, value]
-    flags = COMMON_FLAGS + (CPU_FLAGS if on_cpu else ())
+    flags = COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (CPU_FLAGS if on_cpu else ())
     argv += [f for f in flags if not _has_flag(extra, f)]
     return argv + extra
 
 
-def serving_env(extra: list[str], on_cpu: bool) -> dict[str, str]:
+def serving_env(extra: list[str], on_cpu: bool, portable: bool = True) -> dict[str, str]:
+    """The server's environment: the portable model registered (or, for SGLang's K3, never registered)."""
     env = dict(os.environ)
-    env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "k3_sglang.models"
+    if portable:
+        env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = PORTABLE_PACKAGE
+    elif env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
+        del env["SGLANG_EXTERNAL_MODEL_PACKAGE"]  # an inherited export must not swap SGLang's K3 out
     if _flag_value(extra, "--dtype", "auto") == "float32":
         # SGLang keeps KDA conv windows in bf16 by default; a float32 model keeps them exact.
         env.setdefault("SGLANG_MAMBA_CONV_DTYPE", "float32")
@@ -127,15 +146,52 @@ def serving_env(extra: list[str], on_cpu: bool) -> dict[str, str]:
         ranks = int(_flag_value(extra, "--tp-size", _flag_value(extra, "--tp", "1"))) * int(_flag_value(extra, "--pp-size", "1"))
         cores = os.cpu_count() or 1
         env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(ranks)))
+    else:
+        env.pop("TRITON_INTERPRET", None)  # a GPU server never runs its Triton kernels in the CPU interpreter
     return env
+
+
+def env_changes(env: dict[str, str]) -> str:
+    """The variables env sets or drops relative to this process, e.g. 'A=1 -B'."""
+    changed = [f"{k}={v}" for k, v in sorted(env.items()) if os.environ.get(k) != v]
+    return " ".join(changed + [f"-{k}" for k in sorted(os.environ) if k not in env])
+
+
+def served_model(settings: ServeSettings, model_path: Path, default_tiny: bool, on_cpu: bool) -> ServedModel:
+    """Which K3 serves this checkpoint here (raises CliError for a K3_MODEL_IMPL this host cannot run)."""
+    from k3_sglang.cli import CliError
+    from k3_sglang.config import K3Config
+    from k3_sglang.serving.model_choice import choose_model, is_tiny_config
+
+    tiny = default_tiny or is_tiny_config(K3Config.from_json(model_path))
+    try:
+        return choose_model(settings.model_impl, on_cpu, tiny)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def check_portable(argv: list[str]) -> None:
+    """Raise CliError (exit 2) listing every reason the portable model cannot serve this command line."""
+    from k3_sglang.cli import CliError
+    from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals, refusal_message
+
+    try:
+        reasons = portable_refusals(parse_sglang_argv(argv))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if reasons:
+        raise CliError(refusal_message(reasons))
 
 
 def run(args: argparse.Namespace) -> int:
     from k3_sglang.cli import CliError
     from k3_sglang.platform import cuda_available
 
+    from k3_sglang.model.settings import ModelSettings
+
     try:
         settings = ServeSettings.from_env()
+        ModelSettings.from_env()  # the model's K3_* settings, read again in SGLang's workers
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if not 0 < args.port < 65536:
@@ -143,10 +199,15 @@ def run(args: argparse.Namespace) -> int:
     model_path = args.model_path or ensure_tiny_checkpoint(settings)
     validate_model_path(model_path)
     on_cpu = os.environ.get("SGLANG_PLATFORM") == "k3_cpu" or not cuda_available()
-    argv = sglang_argv(model_path, args.host, args.port, args.extra_args, on_cpu)
-    env = serving_env(args.extra_args, on_cpu)
+    model = served_model(settings, model_path, args.model_path is None, on_cpu)
+    argv = sglang_argv(model_path, args.host, args.port, args.extra_args, on_cpu, model.portable)
+    if model.portable:
+        check_portable(argv)
+    env = serving_env(args.extra_args, on_cpu, model.portable)
     command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]
     if args.dry_run:
+        print(f"# model: {model.name} ({model.reason})")
+        print(f"# environment: {env_changes(env) or 'unchanged'}")
         print(" ".join(command))
         return 0
     os.execvpe(command[0], command, env)

@@ -1,7 +1,9 @@
 """Process entry of `k3 serve`: SGLang's HTTP server with our request guard and a ready line.
 
-Run as `python -m k3_sglang.serving.launch <sglang args>` with SGLANG_EXTERNAL_MODEL_PACKAGE
-(and on CPU SGLANG_PLATFORM=k3_cpu) already in the environment (set by `k3 serve`).
+Run as `python -m k3_sglang.serving.launch <sglang args>` with the environment `k3 serve` composed
+(SGLANG_EXTERNAL_MODEL_PACKAGE for the portable model, SGLANG_PLATFORM=k3_cpu on CPU). When the portable
+model is registered, the parsed ServerArgs (a `--config` file included) are checked again before any
+server starts: exit code 2 and the reasons, as `k3 serve` gives them.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import os
 import sys
 
 from k3_sglang.serving.guards import RequestGuard
+from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
+from k3_sglang.serving.portable_limits import portable_refusals, refusal_message
 from k3_sglang.serving.settings import ServeSettings
 
 
@@ -32,6 +36,11 @@ def main(argv: list[str]) -> None:
     settings = ServeSettings.from_env()
     load_plugins()
     server_args = prepare_server_args(argv)
+    if os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
+        reasons = portable_refusals(server_args)
+        if reasons:
+            print(f"k3 serve: error: {refusal_message(reasons)}", file=sys.stderr, flush=True)
+            sys.exit(2)
     http_server.app.add_middleware(RequestGuard, max_n=settings.max_n)
     original = http_server.launch_server
 

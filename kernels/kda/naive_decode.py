@@ -1,10 +1,13 @@
 """Torch implementations of the pooled KDA decode / verify / commit (the CPU path of the dispatch layer).
 
-Composed from the references in naive.py; the contract (layouts, in-place pool updates) is in decode_common.py.
+Composed from the references in naive.py; the contract (layouts, in-place pool updates, padding slots) is in
+decode_common.py. Decode and verify run every live request of the batch at once (one vectorised step per token),
+so the served CPU decode stays bound by compute rather than by a Python loop over requests.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from k3_sglang.kernels.kda.decode_common import (
     KDAOptions,
@@ -27,40 +30,51 @@ from k3_sglang.kernels.kda.naive import (
 from k3_sglang.kernels.norm.naive import compute_dtype
 
 
-def _token(x, f, b, g_out, weights, window, S, opts, scale, dims, dt):
-    """One token of one request: x [D], f [H*K], b [H], g_out [H*V]. Returns (o [H*V], window, S, (k, delta, g))."""
-    H, K, V = dims.H, dims.K, dims.V
-    y, window = short_conv_silu(x[None], weights.conv_weight, window)
-    q, k, v = y[0].to(dt).split([H * K, H * K, H * V], -1)
-    q, k = l2_normalize(q.view(H, K), opts.l2_eps), l2_normalize(k.view(H, K), opts.l2_eps)
-    g = kda_gate(f.to(dt).view(H, K), weights.A_log, weights.dt_bias, opts.lower_bound)
-    out, S, delta = delta_rule_step(q, k, v.view(H, V), g, torch.sigmoid(b.to(dt)), scale, S)
-    o = gated_rms_norm(out, g_out.view(H, V).to(dt), weights.o_norm, opts.norm_eps).reshape(H * V)
-    return o, window, S, (k, delta, g)
-
-
 def _run_tokens(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, opts, write_back):
-    """Token by token (so every token sees the same shapes as a one-token decode: bit-exact commits)."""
+    """Every request of the batch at once, token by token.
+
+    Padding requests (negative slot) compute on a stand-in row (slot 0, read only) and are then dropped: output 0,
+    no pool row written. Computing all B rows keeps every op's shapes independent of which requests are padding, so
+    a request's results are bit-identical in decode and verify of the same batch size (exact commits).
+    """
     dims = check_decode_args("kda_decode", mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices)
     B, n, H, K, V = dims.B, dims.n, dims.H, dims.K, dims.V
     scale = resolve_scale(opts, K)
-    o = torch.zeros(B, n, H * V, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
     dt = compute_dtype(mixed_qkv, state_pool)
-    rec = [torch.zeros(B, n, H, d, dtype=dt, device=mixed_qkv.device) for d in (K, V, K)]
-    for i, slot in enumerate(state_indices.tolist()):
-        if slot < 0:
-            continue
-        window, S = conv_pool[slot], state_pool[slot].to(dt)
-        for t in range(n):
-            o_t, window, S, recorded = _token(mixed_qkv[i, t], f[i, t], b[i, t], g_out[i, t], weights, window, S,
-                                              opts, scale, dims, dt)
-            o[i, t] = o_t.to(o.dtype)
-            for buf, val in zip(rec, recorded):
-                buf[i, t] = val
-        if write_back:
-            state_pool[slot] = S
-            conv_pool[slot] = window
-    return o, VerifyRecord(rec[0], rec[1], rec[2], mixed_qkv)
+    if n == 0:
+        return (torch.zeros(B, 0, H * V, dtype=mixed_qkv.dtype, device=mixed_qkv.device),
+                VerifyRecord(*(torch.zeros(B, 0, H, d, dtype=dt, device=mixed_qkv.device) for d in (K, V, K)), mixed_qkv))
+    valid = state_indices >= 0  # [B]
+    safe = state_indices.long().clamp(min=0)
+    window, S = conv_pool[safe].to(dt), state_pool[safe].to(dt)  # [B, W-1, D], [B, H, K, V]
+    conv_w = weights.conv_weight.to(dt).t()  # [W, D]
+    outs, rec = [], ([], [], [])
+    for t in range(n):
+        def token(x):  # token t of every request, contiguous: the same memory layout whatever n is
+            return x[:, t].to(dt).contiguous()
+
+        rows = torch.cat([window, token(mixed_qkv)[:, None]], 1)  # [B, W, D]
+        y = F.silu((rows * conv_w).sum(1))
+        window = rows[:, 1:]
+        q, k, v = y.split([H * K, H * K, H * V], -1)
+        q, k = l2_normalize(q.reshape(B, H, K), opts.l2_eps), l2_normalize(k.reshape(B, H, K), opts.l2_eps)
+        g = kda_gate(token(f).view(B, H, K), weights.A_log, weights.dt_bias, opts.lower_bound)
+        out, S, delta = delta_rule_step(q, k, v.reshape(B, H, V), g, torch.sigmoid(token(b)), scale, S)
+        outs.append(gated_rms_norm(out, token(g_out).view(B, H, V), weights.o_norm, opts.norm_eps))
+        for buf, val in zip(rec, (k, delta, g)):
+            buf.append(val)
+
+    def stacked(xs, shape):  # [B, n, ...], zero for padding requests (where, not multiply: stand-ins may be inf)
+        x = torch.stack(xs, 1).reshape(B, n, *shape)
+        return torch.where(valid.view(B, *[1] * (x.dim() - 1)), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+    o = stacked(outs, (H * V,)).to(mixed_qkv.dtype)
+    record = VerifyRecord(stacked(rec[0], (H, K)), stacked(rec[1], (H, V)), stacked(rec[2], (H, K)), mixed_qkv)
+    if write_back and bool(valid.any()):
+        live = valid.nonzero().flatten()
+        state_pool[safe[live]] = S[live].to(state_pool.dtype)
+        conv_pool[safe[live]] = window[live].to(conv_pool.dtype)
+    return o, record
 
 
 def kda_decode_torch(mixed_qkv, f, b, g_out, weights: KDAWeights, conv_pool, state_pool, state_indices,
@@ -115,7 +129,7 @@ def kda_prefill_torch(mixed_qkv, f, b, g_out, cu_seqlens, weights: KDAWeights, c
         if slot < 0 or hi <= lo:
             continue
         window = conv_pool[slot] if init[i] else torch.zeros_like(conv_pool[slot])
-        y, window = short_conv_silu(mixed_qkv[lo:hi], weights.conv_weight, window)
+        y, window = short_conv_silu(mixed_qkv[lo:hi].to(dt), weights.conv_weight, window)  # conv in fp32
         q, k, v = y.to(dt).split([H * K, H * K, H * V], -1)
         q, k = l2_normalize(q.reshape(-1, H, K), opts.l2_eps), l2_normalize(k.reshape(-1, H, K), opts.l2_eps)
         g = kda_gate(f[lo:hi].to(dt).view(-1, H, K), weights.A_log, weights.dt_bias, opts.lower_bound)

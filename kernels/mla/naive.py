@@ -115,3 +115,35 @@ def merge_attention_states(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torc
     w = (lf - torch.where(empty, 0.0, lse)).exp()  # [P, B, H]; 0 for empty partials
     contrib = torch.where((w > 0)[..., None], w[..., None] * outs.to(dt), 0.0)
     return contrib.sum(0).to(outs.dtype), lse.to(lses.dtype)
+
+
+def mla_extend_absorbed(
+    q_lat: torch.Tensor, kv_cache: torch.Tensor, kv_indices: torch.Tensor, q_indptr: list[int], kv_indptr: list[int],
+    q_start: list[int], v_dim: int, scale: float, kv_offset: int = 0, kv_stride: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absorbed MLA extend, one request at a time with a full softmax (the reference for the tiled path).
+
+    q_lat [T, Hh, L]; request b's queries are rows q_indptr[b]:q_indptr[b+1], the j-th at absolute position
+    q_start[b] + j; its keys are kv_cache[kv_indices[kv_indptr[b]:kv_indptr[b+1]]], the i-th at position
+    kv_offset + kv_stride * i. A query sees its request's keys at positions <= its own.
+    Returns (o_lat [T, Hh, v_dim] in q_lat.dtype, lse [T, Hh]; o = 0 and lse = -inf where no key is visible).
+    """
+    T, Hh, _ = q_lat.shape
+    dt = compute_dtype(q_lat, kv_cache)
+    o = torch.zeros(T, Hh, v_dim, dtype=dt, device=q_lat.device)
+    lse = torch.full((T, Hh), float("-inf"), dtype=dt, device=q_lat.device)
+    for b in range(len(q_start)):
+        q0, q1, k0, k1 = q_indptr[b], q_indptr[b + 1], kv_indptr[b], kv_indptr[b + 1]
+        if q1 == q0 or k1 == k0:
+            continue
+        rows = kv_cache[kv_indices[k0:k1].long()].to(dt)  # [S, L]
+        s = torch.einsum("thl,sl->ths", q_lat[q0:q1].to(dt), rows) * scale
+        q_pos = q_start[b] + torch.arange(q1 - q0, device=q_lat.device)
+        k_pos = kv_offset + kv_stride * torch.arange(k1 - k0, device=q_lat.device)
+        s = s.masked_fill((k_pos[None, :] > q_pos[:, None])[:, None, :], float("-inf"))
+        row_lse = torch.logsumexp(s, -1)  # [n, Hh]
+        seen = ~torch.isneginf(row_lse)
+        probs = torch.where(seen[..., None], (s - torch.where(seen, row_lse, 0.0)[..., None]).exp(), 0.0)
+        o[q0:q1] = torch.einsum("ths,sv->thv", probs, rows[:, :v_dim])
+        lse[q0:q1] = row_lse
+    return o.to(q_lat.dtype), lse.to(torch.float64 if dt == torch.float64 else torch.float32)

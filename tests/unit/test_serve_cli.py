@@ -22,7 +22,7 @@ def test_dry_run_prints_sglang_command_with_defaults(tmp_path, capsys, monkeypat
     assert "k3_sglang.serving.launch" in out and "--host 127.0.0.1 --port 30000" in out
     assert "--reasoning-parser kimi_k3" in out and "--tool-call-parser kimi_k3" in out
     assert "--dtype float32" in out
-    assert (tmp_path / "k3-tiny-v1" / "model.safetensors").exists()
+    assert (tmp_path / "k3-tiny-v2" / "model.safetensors").exists()
 
 
 def test_user_flags_override_defaults(tmp_path):
@@ -48,6 +48,10 @@ def test_bad_settings_and_port(monkeypatch, capsys):
     assert main(["serve", "--dry-run"]) == 2
     assert "K3_MAX_N" in capsys.readouterr().err
     monkeypatch.delenv("K3_MAX_N")
+    monkeypatch.setenv("K3_MLA_EXTEND", "fast")
+    assert main(["serve", "--dry-run"]) == 2
+    assert "K3_MLA_EXTEND must be one of chunk, torch_native" in capsys.readouterr().err
+    monkeypatch.delenv("K3_MLA_EXTEND")
     assert main(["serve", "--port", "70000", "--dry-run"]) == 2
 
 

@@ -1,0 +1,117 @@
+"""What the portable K3 model (k3_sglang.models) cannot serve correctly, refused before any server starts.
+
+The portable layers read and write SGLang's pools directly instead of going through SGLang's linear-attention
+backend, hold unsharded weights and keep no per-draft KDA states, so these configurations would give wrong answers
+(or fail deep inside a rank) and are refused with one message listing every reason:
+
+- parallel sizes above the table below (one entry per size: lifting a limit is one edit once the model has it);
+- speculative algorithms outside the supported set (none yet);
+- any mamba radix-cache strategy but `no_buffer` (`extra_buffer` snapshots KDA states inside SGLang's backend,
+  which this model bypasses: a prefix hit would restore a stale state);
+- CUDA graphs in either phase (decode gathers sized on the host, Python loops over requests).
+
+The checks read SGLang's own argument names, so they apply to SGLang's parsed command line (`parse_sglang_argv`,
+what `k3 serve` checks) and to a ServerArgs (what serving/launch.py re-checks in the server process).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ParallelLimit:
+    """One SGLang parallel size: its flag, the largest size the portable model serves, what it is and why."""
+
+    flag: str
+    supported: int
+    what: str
+    why: str
+
+
+# SGLang field -> limit. TP/DCP and PP are the next issues: raise `supported` here when the model gets them.
+SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
+    "tp_size": ParallelLimit("--tp-size", 1, "tensor parallelism", "the portable layers hold unsharded weights"),
+    "pp_size": ParallelLimit("--pp-size", 1, "pipeline parallelism", "the model has no pipeline stages"),
+    "dcp_size": ParallelLimit("--dcp-size", 1, "decode context parallelism", "MLA decode reads local pool rows only"),
+    "attn_dp_size": ParallelLimit("--attn-dp-size", 1, "DP attention", "no attention-DP gather/scatter"),
+    "attn_cp_size": ParallelLimit("--attn-cp-size", 1, "attention context parallelism", "no CP split of prefill"),
+    "ep_size": ParallelLimit("--ep-size", 1, "expert parallelism", "every rank holds all experts"),
+    "moe_dp_size": ParallelLimit("--moe-dp-size", 1, "MoE data parallelism", "no MoE all-to-all"),
+    "dp_size": ParallelLimit("--dp-size", 1, "data-parallel replicas", "not exercised with this model yet"),
+}
+SUPPORTED_SPECULATIVE_ALGORITHMS: frozenset[str] = frozenset()
+SUPPORTED_MAMBA_STRATEGIES = ("no_buffer",)
+GRAPH_PHASES = ("decode", "prefill")
+
+
+def graph_backend(args, phase: str) -> str | None:
+    """The CUDA graph backend SGLang would pick for phase from these arguments, by its own precedence
+    (legacy --disable-cuda-graph < --disable-<phase>-cuda-graph < --cuda-graph-backend-<phase> < --cuda-graph-config);
+    None means SGLang's default (graphs on, on CUDA)."""
+    backend = None
+    if getattr(args, "disable_cuda_graph", False) or getattr(args, f"disable_{phase}_cuda_graph", False):
+        backend = "disabled"
+    explicit = getattr(args, f"cuda_graph_backend_{phase}", None)
+    if explicit is not None:
+        backend = str(explicit)
+    config = getattr(args, "cuda_graph_config", None)
+    phase_config = config.get(phase) if isinstance(config, dict) else getattr(config, phase, None)
+    phase_backend = phase_config.get("backend") if isinstance(phase_config, dict) else getattr(phase_config, "backend", None)
+    return backend if phase_backend is None else str(phase_backend)
+
+
+def portable_refusals(args) -> list[str]:
+    """Every reason the portable model cannot serve `args` (SGLang argument names); empty when it can."""
+    reasons = []
+    for field, limit in SUPPORTED_PARALLEL_SIZES.items():
+        size = getattr(args, field, 1)
+        if size is not None and int(size) > limit.supported:
+            reasons.append(f"{limit.flag} {size}: {limit.what} is not built into the portable model yet "
+                           f"(supported: {limit.supported}; {limit.why})")
+    if getattr(args, "enable_dp_attention", False):
+        reasons.append("--enable-dp-attention: DP attention is not built into the portable model yet")
+    algorithm = getattr(args, "speculative_algorithm", None)
+    if algorithm and str(algorithm).upper() not in SUPPORTED_SPECULATIVE_ALGORITHMS:
+        supported = ", ".join(sorted(SUPPORTED_SPECULATIVE_ALGORITHMS)) or "none yet"
+        reasons.append(f"--speculative-algorithm {algorithm}: not supported by the portable model (supported: "
+                       f"{supported}); its KDA layers keep no per-draft states for SGLang's verify to commit")
+    strategy = getattr(args, "mamba_radix_cache_strategy", "no_buffer")
+    if strategy not in SUPPORTED_MAMBA_STRATEGIES:
+        reasons.append(f"--mamba-radix-cache-strategy {strategy}: the portable model needs no_buffer "
+                       "(extra_buffer snapshots KDA states inside SGLang's linear-attention backend, which this "
+                       "model bypasses, so a prefix hit would restore a stale state)")
+    for phase in GRAPH_PHASES:
+        backend = graph_backend(args, phase)
+        if backend != "disabled":
+            shown = backend or "SGLang's default: on"
+            reasons.append(f"CUDA graphs for {phase} ({shown}): the portable model runs eagerly only "
+                           f"(--cuda-graph-backend-{phase} disabled, k3 serve's default for it)")
+    return reasons
+
+
+def refusal_message(reasons: list[str]) -> str:
+    lines = "\n".join(f"  - {r}" for r in reasons)
+    return (f"the portable K3 model (k3_sglang.models) cannot serve this configuration correctly:\n{lines}\n"
+            "SGLang's own K3 serves these on CUDA: use a full K3 checkpoint and leave K3_MODEL_IMPL unset "
+            "(or set K3_MODEL_IMPL=sglang).")
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and exit; we want one clear CLI error
+        raise ValueError(f"SGLang does not accept this command line: {message}")
+
+
+def parse_sglang_argv(argv: list[str]) -> argparse.Namespace:
+    """SGLang's own parse of a server command line (its parser, `--config` YAML merged as SGLang does), without
+    ServerArgs resolution. Raises ValueError for a command line SGLang would reject."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = _RaisingParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    if "--config" in argv:
+        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+        argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+    return parser.parse_args(argv)

@@ -1,0 +1,108 @@
+"""The portable K3 model refuses, at start, every configuration it cannot serve correctly: exit 2, a message that
+names the reason, and no server started (os.execvpe is replaced by a recorder that must stay unused)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from k3_sglang.cli import main
+from k3_sglang.serving import portable_limits
+from k3_sglang.serving.portable_limits import SUPPORTED_PARALLEL_SIZES, parse_sglang_argv, portable_refusals
+
+REFUSED = [
+    (["--tp-size", "2"], "--tp-size 2: tensor parallelism is not built into the portable model yet"),
+    (["--tp", "4"], "--tp-size 4: tensor parallelism"),
+    (["--pp-size", "8"], "--pp-size 8: pipeline parallelism"),
+    (["--dcp-size", "8"], "--dcp-size 8: decode context parallelism"),
+    (["--attn-dp-size", "2"], "--attn-dp-size 2: DP attention"),
+    (["--dp-size", "2", "--enable-dp-attention"], "--enable-dp-attention: DP attention"),
+    (["--ep-size", "2"], "--ep-size 2: expert parallelism"),
+    (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE: not supported by the portable model"),
+    (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM: not supported"),
+    (["--mamba-radix-cache-strategy", "extra_buffer"], "--mamba-radix-cache-strategy extra_buffer: the portable model needs no_buffer"),
+    (["--mamba-radix-cache-strategy", "extra_buffer_lazy"], "extra_buffer_lazy: the portable model needs no_buffer"),
+    (["--mamba-radix-cache-strategy", "auto"], "--mamba-radix-cache-strategy auto"),
+    (["--cuda-graph-backend-decode", "full"], "CUDA graphs for decode (full)"),
+    (["--cuda-graph-backend-prefill", "breakable"], "CUDA graphs for prefill (breakable)"),
+    (["--cuda-graph-config", '{"decode": {"backend": "full", "max_bs": 8}}'], "CUDA graphs for decode (full)"),
+]
+
+
+@pytest.fixture
+def launched(monkeypatch, tmp_path):
+    calls: list[list[str]] = []
+    monkeypatch.setattr(os, "execvpe", lambda file, command, env: calls.append(list(command)))
+    monkeypatch.setenv("K3_CACHE_DIR", os.environ.get("K3_CACHE_DIR", str(tmp_path)))
+    monkeypatch.delenv("K3_MODEL_IMPL", raising=False)
+    return calls
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "cuda-tiny"])
+@pytest.mark.parametrize("flags,message", REFUSED, ids=[" ".join(f)[:40] for f, _ in REFUSED])
+def test_refused_before_any_server_starts(monkeypatch, launched, capsys, cuda, flags, message):
+    monkeypatch.setattr("k3_sglang.platform.cuda_available", lambda: cuda)
+    monkeypatch.delenv("SGLANG_PLATFORM", raising=False)
+    assert main(["serve", *flags]) == 2
+    err = capsys.readouterr().err
+    assert "k3 serve: error: the portable K3 model (k3_sglang.models) cannot serve this configuration" in err
+    assert message in err
+    assert not launched
+
+
+def test_every_reason_in_one_message(monkeypatch, launched, capsys, tmp_path):
+    monkeypatch.setattr("k3_sglang.platform.cuda_available", lambda: False)
+    config = tmp_path / "server.yaml"
+    config.write_text("pp-size: 2\n")  # SGLang's --config file is read the way SGLang reads it
+    assert main(["serve", "--config", str(config), "--tp-size", "2", "--speculative-algorithm", "EAGLE"]) == 2
+    err = capsys.readouterr().err
+    assert all(m in err for m in ("--tp-size 2", "--pp-size 2", "--speculative-algorithm EAGLE"))
+    assert not launched
+
+
+def test_supported_configurations_pass(monkeypatch, launched):
+    monkeypatch.setattr("k3_sglang.platform.cuda_available", lambda: False)
+    for flags in ([], ["--tp-size", "1", "--disable-cuda-graph"], ["--mamba-radix-cache-strategy", "no_buffer"],
+                  ["--cuda-graph-backend-decode", "disabled", "--disable-radix-cache"]):
+        launched.clear()
+        assert main(["serve", *flags]) == 0, flags
+        assert len(launched) == 1
+
+
+PORTABLE_BASE = ["--model-path", "x", "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill",
+                 "disabled", "--mamba-radix-cache-strategy", "no_buffer"]
+
+
+def test_parallel_table_lifts_one_limit_at_a_time(monkeypatch):
+    assert portable_refusals(parse_sglang_argv(PORTABLE_BASE)) == []
+    for field, limit in SUPPORTED_PARALLEL_SIZES.items():
+        args = parse_sglang_argv([*PORTABLE_BASE, limit.flag, str(limit.supported + 1)])
+        assert getattr(args, field) == limit.supported + 1, (field, "SGLang's parser must fill this field")
+        assert [r for r in portable_refusals(args) if r.startswith(limit.flag)], field
+        lifted = {**SUPPORTED_PARALLEL_SIZES, field: dataclasses.replace(limit, supported=limit.supported + 1)}
+        monkeypatch.setattr(portable_limits, "SUPPORTED_PARALLEL_SIZES", lifted)
+        assert portable_refusals(args) == [], field
+        monkeypatch.setattr(portable_limits, "SUPPORTED_PARALLEL_SIZES", SUPPORTED_PARALLEL_SIZES)
+
+
+def test_server_process_rechecks_its_server_args(tmp_path):
+    """`python -m k3_sglang.serving.launch` run directly (not through `k3 serve`) refuses too, from SGLang's
+    prepared ServerArgs, before SGLang starts anything."""
+    from k3_sglang.serving.cli import ensure_tiny_checkpoint
+    from k3_sglang.serving.settings import ServeSettings
+
+    tiny = ensure_tiny_checkpoint(ServeSettings.from_env())
+    config = tmp_path / "server.yaml"
+    config.write_text("dcp-size: 2\n")
+    env = {**os.environ, "SGLANG_PLATFORM": "k3_cpu", "SGLANG_EXTERNAL_MODEL_PACKAGE": "k3_sglang.models"}
+    run = subprocess.run([sys.executable, "-m", "k3_sglang.serving.launch", "--model-path", str(tiny),
+                          "--config", str(config), "--host", "127.0.0.1", "--port", "1"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "--dcp-size 2: decode context parallelism" in run.stderr
+    assert "CUDA graphs for decode (SGLang's default: on)" in run.stderr  # not composed by k3 serve here
+    assert "Uvicorn" not in run.stderr and "ready" not in run.stdout
