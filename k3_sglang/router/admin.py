@@ -1,4 +1,5 @@
-"""Admin API (behind `--admin-key`): list/add/remove workers, inspect/close sessions.
+"""Worker registration and the admin API (behind `--admin-key`): list/add/remove workers,
+inspect/close sessions.
 
 Without an admin key configured the admin API is disabled (403), so an exposed router cannot be
 reconfigured by anyone who can reach it.
@@ -12,8 +13,7 @@ import logging
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse
+from aiohttp import web
 
 from k3_sglang.router.capacity import fetch_models, fetch_reported_capacity, resolve_capacity
 from k3_sglang.router.config import ConfigError, WorkerSpec, normalize_worker_url
@@ -27,14 +27,39 @@ MAX_ADMIN_BODY = 64 * 1024
 
 async def register_worker(state: RouterState, spec: WorkerSpec) -> dict[str, Any]:
     """Discover a worker's capacities (file values win) and add it to the fleet."""
-    reported = await fetch_reported_capacity(state.client, spec.url, state.config.reliability.health_timeout_s)
-    capacity = resolve_capacity(spec, reported, state.config.policy)
-    state.core.add_worker(spec.url, capacity)
+    await refresh_capacity(state, spec)
     r = state.config.reliability
     state.health.setdefault(spec.url, HealthCounter(r.health_fail_threshold, r.health_success_threshold))
+    return describe_worker(state, spec.url)
+
+
+async def refresh_capacity(state: RouterState, spec: WorkerSpec) -> bool:
+    """(Re)read a worker's reported capacities and apply them; True when something changed."""
+    reported = await fetch_reported_capacity(state.control, spec.url, state.config.reliability.health_timeout_s)
+    known = state.core.fleet.workers.get(spec.url)
+    if known is not None and not any(reported.values()):
+        return False  # the worker did not answer: keep what we have
+    capacity = resolve_capacity(spec, reported, state.config.policy)
+    if known is not None and (known.kv_capacity, known.state_slots) == (capacity.kv_tokens, capacity.state_slots):
+        return False
+    state.specs[spec.url] = spec
+    state.core.add_worker(spec.url, capacity)
     log.info("worker %s: kv_tokens=%d state_slots=%d prefill_tps=%.0f (reported %s)",
              spec.url, capacity.kv_tokens, capacity.state_slots, capacity.prefill_tps, reported)
-    return describe_worker(state, spec.url)
+    return True
+
+
+async def refresh_models(state: RouterState) -> None:
+    """Union of `/v1/models` over workers (first card seen per model id wins)."""
+    timeout = state.config.reliability.health_timeout_s
+    urls = list(state.core.fleet.workers)
+    results = await asyncio.gather(*(fetch_models(state.control, url, timeout) for url in urls))
+    models: dict[str, dict] = {}
+    for cards in results:
+        for card in cards:
+            models.setdefault(card["id"], card)
+    if models or not urls:
+        state.models = models
 
 
 def describe_worker(state: RouterState, worker_id: str) -> dict[str, Any]:
@@ -42,15 +67,17 @@ def describe_worker(state: RouterState, worker_id: str) -> dict[str, Any]:
     w = state.core.fleet.workers[worker_id]
     breaker = state.core.breakers[worker_id]
     return {
-        "url": w.worker_id, "healthy": w.healthy, "breaker": breaker.state,
+        "url": w.worker_id, "role": w.role, "healthy": w.healthy, "breaker": breaker.state,
         "kv_capacity_tokens": w.kv_capacity, "state_slots": w.state_slots, "prefill_tokens_per_s": w.prefill_tps,
         "resident_tokens": w.resident_tokens, "resident_sessions": w.resident_sessions,
         "active_tokens": w.active_tokens, "inflight_prefill_tokens": w.inflight_prefill_tokens,
         "inflight_requests": w.inflight_requests, "reported_waiting_tokens": w.reported_waiting_tokens,
+        "reported_waiting_requests": w.reported_waiting_requests,
+        "backpressure_s": round(max(0.0, w.backpressure_until - state.now()), 3),
     }
 
 
-def _require_admin(state: RouterState, request: Request) -> None:
+def _require_admin(state: RouterState, request: web.Request) -> None:
     expected = state.config.admin_key
     if expected is None:
         raise RouterHTTPError(403, "admin API disabled: start the router with --admin-key", "admin_disabled")
@@ -72,8 +99,8 @@ def _known_worker(state: RouterState, url: str) -> str:
     return worker_id
 
 
-async def _json_object(request: Request) -> dict:
-    body = await request.body()
+async def _json_object(request: web.Request) -> dict:
+    body = await request.content.read(MAX_ADMIN_BODY + 1)
     if len(body) > MAX_ADMIN_BODY:
         raise RouterHTTPError(413, "admin body too large", "body_too_large")
     try:
@@ -85,17 +112,14 @@ async def _json_object(request: Request) -> dict:
     return data
 
 
-def admin_routes(state: RouterState) -> APIRouter:
+def add_admin_routes(router: web.UrlDispatcher, state: RouterState) -> None:
     """The admin endpoints bound to one router state."""
-    router = APIRouter()
 
-    @router.get("/workers")
-    async def list_workers(request: Request) -> JSONResponse:
+    async def list_workers(request: web.Request) -> web.Response:
         _require_admin(state, request)
-        return JSONResponse({"workers": [describe_worker(state, w) for w in state.core.fleet.workers]})
+        return web.json_response({"workers": [describe_worker(state, w) for w in state.core.fleet.workers]})
 
-    @router.post("/workers")
-    async def add_worker(request: Request) -> JSONResponse:
+    async def add_worker(request: web.Request) -> web.Response:
         _require_admin(state, request)
         data = await _json_object(request)
         try:
@@ -106,46 +130,37 @@ def admin_routes(state: RouterState) -> APIRouter:
             raise RouterHTTPError(409, f"worker {spec.url} already registered", "worker_exists")
         described = await register_worker(state, spec)
         await refresh_models(state)
-        return JSONResponse(described, status_code=201)
+        return web.json_response(described, status=201)
 
-    @router.delete("/workers")
-    async def remove_worker(request: Request, url: str = "") -> JSONResponse:
+    async def remove_worker(request: web.Request) -> web.Response:
         _require_admin(state, request)
-        worker_id = _known_worker(state, url)
+        worker_id = _known_worker(state, request.query.get("url", ""))
         state.core.remove_worker(worker_id)
         state.health.pop(worker_id, None)
-        return JSONResponse({"removed": worker_id})
+        state.specs.pop(worker_id, None)
+        return web.json_response({"removed": worker_id})
 
-    @router.get("/sessions/{session_id}")
-    async def inspect_session(request: Request, session_id: str) -> JSONResponse:
+    async def inspect_session(request: web.Request) -> web.Response:
         _require_admin(state, request)
+        session_id = request.match_info["session_id"]
         record = state.core.fleet.session(session_id)
         if record is None:
             raise RouterHTTPError(404, f"unknown session {session_id}", "session_not_found")
-        return JSONResponse({
+        return web.json_response({
             "session_id": record.session_id, "worker": record.worker_id, "context_tokens": record.context_tokens,
             "resident_tokens": record.resident_tokens, "inflight": record.inflight, "turns": record.turns,
             "moves": record.moves, "idle_s": round(max(0.0, state.now() - record.last_seen), 3),
         })
 
-    @router.delete("/sessions/{session_id}")
-    async def close_session(request: Request, session_id: str) -> JSONResponse:
+    async def close_session(request: web.Request) -> web.Response:
         _require_admin(state, request)
-        if state.core.fleet.close_session(session_id) is None:
+        session_id = request.match_info["session_id"]
+        if not state.core.close_session(session_id):
             raise RouterHTTPError(404, f"unknown session {session_id}", "session_not_found")
-        return JSONResponse({"closed": session_id})
+        return web.json_response({"closed": session_id})
 
-    return router
-
-
-async def refresh_models(state: RouterState) -> None:
-    """Union of `/v1/models` over workers (first card seen per model id wins)."""
-    timeout = state.config.reliability.health_timeout_s
-    urls = list(state.core.fleet.workers)
-    results = await asyncio.gather(*(fetch_models(state.client, url, timeout) for url in urls))
-    models: dict[str, dict] = {}
-    for cards in results:
-        for card in cards:
-            models.setdefault(card["id"], card)
-    if models or not urls:
-        state.models = models
+    router.add_get("/workers", list_workers)
+    router.add_post("/workers", add_worker)
+    router.add_delete("/workers", remove_worker)
+    router.add_get("/sessions/{session_id}", inspect_session)
+    router.add_delete("/sessions/{session_id}", close_session)

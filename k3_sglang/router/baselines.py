@@ -63,10 +63,10 @@ class _Baseline:
         self.workers, self.kv_capacity, self.prefill_tps = workers, kv_capacity, prefill_tps
         self.book = LoadBook(workers)
 
-    def route(self, session_id: str, context: int, growth: int, hashes: Sequence[int], now: float):
-        """Return (worker index, ticket); baselines never reject."""
-        worker = self.pick(context, hashes)
-        return worker, self.book.open(worker, context, context + growth)
+    def route(self, req, now: float):
+        """Return (worker index, ticket) for a TraceRequest; baselines never reject."""
+        worker = self.pick(req.input_length, req.full_blocks)
+        return worker, self.book.open(worker, req.input_length, req.input_length + req.output_length)
 
     def pick(self, context: int, hashes: Sequence[int]) -> int:
         raise NotImplementedError

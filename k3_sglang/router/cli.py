@@ -3,6 +3,7 @@
     k3 router --worker http://127.0.0.1:30000 --worker http://127.0.0.1:30001 [--config workers.yaml]
               [--host 127.0.0.1] [--port 30080] [--admin-key KEY] [--api-key KEY]
     k3 router replay TRACE.jsonl [--json] [--workers 4] [--kv-tokens N] [--state-slots N] ...
+    k3 router make-trace shared-prompt|tool-agent --out FILE [--sessions N] [--arrival-gap S] [--seed N]
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     replay = actions.add_parser("replay", help="replay a Mooncake trace against a simulated fleet")
     add_replay_arguments(replay)
     replay.set_defaults(func=run_replay_command)
+    make_trace = actions.add_parser("make-trace", help="write a deterministic synthetic Mooncake-format trace")
+    add_make_trace_arguments(make_trace)
+    make_trace.set_defaults(func=run_make_trace)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,16 +81,19 @@ def build_serve_config(args: argparse.Namespace) -> RouterConfig:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Start the router service (blocks until interrupted)."""
-    import uvicorn
+    from aiohttp import web
 
     from k3_sglang.router.app import create_app
+    from k3_sglang.router.threaded import new_event_loop
 
     config = build_serve_config(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("k3.router")
     if config.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
-        logging.getLogger("k3.router").warning("binding %s without --api-key: client endpoints are open", config.host)
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=args.log_level,
-                access_log=False, timeout_keep_alive=75)
+        log.warning("binding %s without --api-key: client endpoints are open", config.host)
+    ready = f"k3 router on http://{config.host}:{config.port} in front of {len(config.workers)} worker(s)"
+    web.run_app(create_app(config), host=config.host, port=config.port, access_log=None, keepalive_timeout=75,
+                shutdown_timeout=5, loop=new_event_loop(), print=lambda *_: print(ready, flush=True))
     return 0
 
 
@@ -101,14 +108,16 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-tps", type=float, default=12_000.0, help="prefill tokens/s per worker (default 12,000)")
     parser.add_argument("--tpot-ms", type=float, default=30.0, help="decode time per output token")
     parser.add_argument("--session-ttl", type=float, default=1800.0, help="idle session TTL (s)")
+    parser.add_argument("--policy", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a policy knob of our policy, e.g. kv_barrier_s=1.0 (repeatable)")
     parser.add_argument("--limit", type=int, help="replay only the first N requests")
     parser.add_argument("--docs-dir", default="docs", help="where the table and plot go (default docs/)")
+    parser.add_argument("--section", help="docs section and plot name (default: the trace's file name)")
     parser.add_argument("--no-write", action="store_true", help="do not write docs/")
 
 
 def run_replay_command(args: argparse.Namespace) -> int:
     """Run the replay and print/write its table."""
-    from k3_sglang.router.config import PolicyConfig
     from k3_sglang.router.replay import markdown_table, report, run_replay
     from k3_sglang.router.replay_sim import FleetSpec, load_trace
 
@@ -126,11 +135,63 @@ def run_replay_command(args: argparse.Namespace) -> int:
     if not trace:
         raise _cli_error(f"trace {args.trace} has no requests")
     spec = FleetSpec(args.workers, args.kv_tokens, args.state_slots, args.prefill_tps, args.tpot_ms / 1000.0)
-    rows, samples = run_replay(trace, spec, PolicyConfig(session_ttl_s=args.session_ttl))
+    rows, samples = run_replay(trace, spec, policy_from_overrides(args.policy, session_ttl_s=args.session_ttl))
     if not args.no_write:
         given = sys.argv[1:]
         command = "k3 " + " ".join(shlex.quote(a) for a in given) if given[:2] == ["router", "replay"] \
             else f"k3 router replay {args.trace}"
-        report(rows, samples, spec, args.trace, command, args.docs_dir)
+        report(rows, samples, spec, args.trace, command, args.docs_dir, args.section)
     print(json.dumps(rows, indent=2) if args.json else markdown_table(rows))
+    return 0
+
+
+def policy_from_overrides(pairs: list[str], **base):
+    """A PolicyConfig from `KEY=VALUE` strings (typed like the field they set); CliError when wrong."""
+    from k3_sglang.router.config import PolicyConfig
+
+    names = sorted(f.name for f in dataclasses.fields(PolicyConfig))
+    values = dict(base)
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or key not in names:
+            raise _cli_error(f"--policy {pair!r}: expected KEY=VALUE with KEY one of {', '.join(names)}")
+        kind = type(getattr(PolicyConfig(), key))
+        try:
+            values[key] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
+        except ValueError:
+            raise _cli_error(f"--policy {pair!r}: {key} takes a {kind.__name__}") from None
+    try:
+        return PolicyConfig(**values)
+    except ConfigError as exc:
+        raise _cli_error(str(exc)) from None
+
+
+def add_make_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the synthetic trace generator."""
+    from k3_sglang.router.trace_gen import KINDS
+
+    parser.add_argument("kind", choices=KINDS, help="shared-prompt (one system prompt for all) or tool-agent")
+    parser.add_argument("--out", required=True, help="JSONL file to write")
+    parser.add_argument("--sessions", type=int, help="conversations / agent sessions (default 1,500 / 800)")
+    parser.add_argument("--arrival-gap", type=float, metavar="S", help="mean seconds between new sessions")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run_make_trace(args: argparse.Namespace) -> int:
+    """Generate a synthetic trace and write it."""
+    from k3_sglang.router.trace_gen import default_shape, generate, write_trace
+
+    if args.sessions is not None and args.sessions <= 0:
+        raise _cli_error("--sessions must be positive")
+    if args.arrival_gap is not None and not args.arrival_gap > 0:
+        raise _cli_error("--arrival-gap must be positive")
+    shape = default_shape(args.kind, args.sessions)
+    if args.arrival_gap is not None:
+        shape = dataclasses.replace(shape, arrival_gap_s=args.arrival_gap)
+    rows = generate(args.kind, shape, args.seed)
+    try:
+        write_trace(args.out, rows)
+    except OSError as exc:
+        raise _cli_error(f"cannot write {args.out}: {exc.strerror}") from None
+    print(f"wrote {len(rows)} requests ({shape.sessions} sessions) to {args.out}")
     return 0

@@ -6,14 +6,15 @@ A YAML file mirrors the dataclasses one to one:
     port: 30080
     workers:
       - url: http://127.0.0.1:30000
-        kv_tokens: 131072        # per rank, before DCP (SGLang max_total_num_tokens)
+        kv_tokens: 131072        # per rank, before DCP: capacity = kv_tokens * dcp_size
         dcp_size: 8
         state_slots: 48          # KDA state slots per TP group
         prefill_tokens_per_s: 12000
     policy: {session_ttl_s: 1800, admission: reject}
     reliability: {health_interval_s: 5}
 
-Fields left out of a worker are read from the worker (`/get_server_info`, `/v1/loads`).
+Fields left out of a worker are read from the worker (`/get_server_info`, `/v1/loads`) and
+refreshed while the router runs; the worker reports KV capacity in logical tokens (DCP included).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class WorkerSpec:
     """One SGLang worker. Unset capacities are discovered from the worker itself."""
 
     url: str
-    kv_tokens: int | None = None
+    kv_tokens: int | None = None  # per rank (before DCP), as SGLang's --max-total-tokens
     dcp_size: int | None = None
     state_slots: int | None = None
     prefill_tokens_per_s: float | None = None
@@ -54,7 +55,7 @@ class PolicyConfig:
 
     block_tokens: int = 512
     chars_per_token: float = 4.0
-    kv_barrier_s: float = 1.0
+    kv_barrier_s: float = 0.25
     kv_headroom: float = 0.05
     expected_growth_tokens: int = 2048
     move_penalty_s: float = 5.0
@@ -64,20 +65,27 @@ class PolicyConfig:
     default_state_slots: int = 48
     session_ttl_s: float = 1800.0
     prefix_index_entries: int = 1_000_000
-    opening_chars: int = 4096
+    session_index_keys: int = 1_000_000
+    learn_prefill_tps: bool = True
+    max_predicted_ttft_s: float = 300.0
+    max_waiting_requests: int = 256
     admission: str = "reject"
     queue_max: int = 64
     queue_timeout_s: float = 10.0
     retry_after_s: int = 5
+    backpressure_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.admission not in ("reject", "queue"):
             raise ConfigError(f"policy.admission must be 'reject' or 'queue', got {self.admission!r}")
         if not 0.0 <= self.kv_headroom < 1.0:
             raise ConfigError(f"policy.kv_headroom must be in [0, 1), got {self.kv_headroom}")
-        for name in ("block_tokens", "chars_per_token", "default_prefill_tokens_per_s", "session_ttl_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"policy.{name} must be positive, got {getattr(self, name)}")
+        for name in ("block_tokens", "chars_per_token", "default_prefill_tokens_per_s", "session_ttl_s",
+                     "max_predicted_ttft_s", "prefix_index_entries", "session_index_keys", "backpressure_s"):
+            if _not_number(getattr(self, name)) or getattr(self, name) <= 0:
+                raise ConfigError(f"policy.{name} must be positive, got {getattr(self, name)!r}")
+        if _not_number(self.max_waiting_requests) or self.max_waiting_requests < 0:
+            raise ConfigError(f"policy.max_waiting_requests must be >= 0 (0: off), got {self.max_waiting_requests!r}")
 
     @property
     def block_chars(self) -> int:
@@ -104,6 +112,17 @@ class ReliabilityConfig:
     max_retries: int = 2
     retry_backoff_s: float = 0.05
     max_connections_per_worker: int = 256
+    breaker_half_open_trials: int = 4
+    capacity_refresh_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "health_path":
+                if not isinstance(value, str) or not value.startswith("/"):
+                    raise ConfigError(f"reliability.health_path must start with '/', got {value!r}")
+            elif _not_number(value) or value < 0 or (value == 0 and f.name not in ("max_retries", "retry_backoff_s")):
+                raise ConfigError(f"reliability.{f.name} must be a positive number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,10 @@ class RouterConfig:
     admin_key: str | None = None
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
+
+
+def _not_number(value: Any) -> bool:
+    return isinstance(value, bool) or not isinstance(value, (int, float))
 
 
 def normalize_worker_url(url: str) -> str:

@@ -1,7 +1,9 @@
-"""RouterCore: fleet + prefix index + breakers + policy, wired together. No I/O; `now` passed in.
+"""RouterCore: fleet + prefix index + session index + breakers + policy, wired together. No I/O;
+`now` passed in.
 
-The HTTP layer and the trace replay both place requests through `RouterCore.route` and close
-them through `RouterCore.complete`, so the replay measures exactly the code that serves.
+The HTTP layer and the trace replay both identify sessions through `RouterCore.identify`, place
+requests through `RouterCore.route` and close them through `RouterCore.complete`, so the replay
+measures exactly the code that serves.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ from dataclasses import dataclass
 
 from k3_sglang.router.breaker import CircuitBreaker
 from k3_sglang.router.config import PolicyConfig, ReliabilityConfig
-from k3_sglang.router.fleet import Fleet, Ticket, WorkerState
-from k3_sglang.router.policy import MOVE, Decision, RouteRequest, decide
+from k3_sglang.router.fleet import MIXED, Fleet, Ticket, WorkerState
+from k3_sglang.router.policy import MOVE, UNAVAILABLE, Decision, RouteRequest, decide
+from k3_sglang.router.prefill_rate import PrefillRate, informative
 from k3_sglang.router.prefix import PrefixIndex
+from k3_sglang.router.session_index import SessionIndex
 
 log = logging.getLogger("k3.router")
 
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """A worker's capacities as the policy uses them (DCP already applied to kv_tokens)."""
+    """A worker's capacities as the policy uses them (kv_tokens: logical, DCP included)."""
 
     kv_tokens: int
     state_slots: int
@@ -37,32 +41,83 @@ class RouterCore:
         self.reliability = reliability or ReliabilityConfig()
         self.fleet = Fleet(policy.session_ttl_s)
         self.prefix = PrefixIndex(policy.prefix_index_entries)
+        self.sessions = SessionIndex(policy.session_index_keys)
         self.breakers: dict[str, CircuitBreaker] = {}
+        self.prefill_rates: dict[str, PrefillRate] = {}
         self.placements: Counter[str] = Counter()
+        self._new_sessions = 0
 
     # ---- workers -------------------------------------------------------------------------
     def add_worker(self, worker_id: str, capacity: Capacity) -> WorkerState:
-        """Register (or update) a worker with its capacities."""
-        state = self.fleet.add_worker(worker_id, capacity.kv_tokens, capacity.state_slots, capacity.prefill_tps)
-        if worker_id not in self.breakers:
+        """Register a worker, or update the capacities of a known one (a learned prefill rate is kept)."""
+        known = worker_id in self.fleet.workers
+        tps = self.fleet.workers[worker_id].prefill_tps if known and worker_id in self.prefill_rates else None
+        state = self.fleet.add_worker(worker_id, capacity.kv_tokens, capacity.state_slots,
+                                      tps if tps is not None else capacity.prefill_tps)
+        if not known:
             r = self.reliability
-            self.breakers[worker_id] = CircuitBreaker(
-                r.breaker_failure_threshold, r.breaker_success_threshold, r.breaker_open_s
-            )
+            self.breakers[worker_id] = CircuitBreaker(r.breaker_failure_threshold, r.breaker_success_threshold,
+                                                      r.breaker_open_s, r.breaker_half_open_trials)
         return state
 
     def remove_worker(self, worker_id: str) -> None:
-        """Forget a worker, its prefix blocks and its breaker; its sessions will be re-placed."""
+        """Forget a worker, its prefix blocks, breaker and learned rate; its sessions will be re-placed."""
         state = self.fleet.remove_worker(worker_id)
         self.prefix.forget_worker(state.bit)
         self.breakers.pop(worker_id, None)
+        self.prefill_rates.pop(worker_id, None)
 
-    def eligible_workers(self, now: float, exclude: Sequence[str] = ()) -> list[WorkerState]:
-        """Workers a request may go to now: healthy, breaker allowing, not excluded."""
+    def eligible_workers(self, now: float, exclude: Sequence[str] = (), role: str = MIXED) -> list[WorkerState]:
+        """Workers a request may go to now: healthy, not back-pressuring, breaker allowing, not excluded."""
         return [
             w for w in self.fleet.workers.values()
-            if w.healthy and w.worker_id not in exclude and self.breakers[w.worker_id].can_dispatch(now)
+            if w.healthy and w.role == role and w.worker_id not in exclude and w.backpressure_until <= now
+            and self.breakers[w.worker_id].can_dispatch(now)
         ]
+
+    def unavailable_reason(self, now: float, exclude: Sequence[str] = ()) -> tuple[str, float]:
+        """Why no worker is eligible, and the seconds after which a retry may succeed."""
+        workers = [w for w in self.fleet.workers.values() if w.worker_id not in exclude]
+        if exclude and not workers:
+            return "all workers failed for this request", float(self.policy.retry_after_s)
+        healthy = [w for w in workers if w.healthy]
+        if not healthy:
+            return "no healthy worker", float(self.policy.retry_after_s)
+        pressured = [w.backpressure_until - now for w in healthy if w.backpressure_until > now]
+        if len(pressured) == len(healthy):
+            return "every healthy worker is back-pressuring (429)", max(1.0, min(pressured))
+        states = {self.breakers[w.worker_id].state for w in healthy}
+        if states == {"open"}:
+            return "circuit open on every healthy worker", float(self.policy.retry_after_s)
+        return "workers recovering: half-open trial limit reached", 1.0
+
+    def backpressure(self, worker_id: str, until: float) -> None:
+        """A worker answered 429: keep new requests off it until `until` (not a breaker failure)."""
+        worker = self.fleet.workers.get(worker_id)
+        if worker is not None:
+            worker.backpressure_until = max(worker.backpressure_until, until)
+
+    # ---- sessions ------------------------------------------------------------------------
+    def identify(self, session_keys: Sequence[int]) -> tuple[str, str]:
+        """(session id, source) of a keyless request: the live session it continues, or a new one."""
+        found = self.sessions.find(session_keys)
+        if found is not None and found in self.fleet.sessions:
+            return found, "prefix"
+        self._new_sessions += 1
+        tail = session_keys[-1] & 0xFFFFFFFFFFFF if session_keys else 0
+        return f"auto-{tail:012x}-{self._new_sessions:x}", "new"
+
+    def close_session(self, session_id: str) -> bool:
+        """Forget a session (admin close); in-flight tickets still close cleanly afterwards."""
+        self.sessions.forget(session_id)
+        return self.fleet.close_session(session_id) is not None
+
+    def expire_sessions(self, now: float) -> int:
+        """Expire idle sessions past the TTL; return how many expired."""
+        expired = self.fleet.expire(now)
+        for session_id in expired:
+            self.sessions.forget(session_id)
+        return len(expired)
 
     # ---- requests ------------------------------------------------------------------------
     def route(
@@ -75,10 +130,14 @@ class RouterCore:
         """Decide where a request goes and, if placed, bind its session and open its ticket."""
         record = self.fleet.session(request.session_id)
         workers = self.eligible_workers(now, exclude)
+        if not workers:
+            reason, retry_after = self.unavailable_reason(now, exclude)
+            self.placements[UNAVAILABLE] += 1
+            return Decision(UNAVAILABLE, None, float("inf"), 0, request.context_tokens, reason, retry_after), None
         mask = 0
         for w in workers:
             mask |= 1 << w.bit
-        matched = self.prefix.match(prefix_hashes, mask) if prefix_hashes and mask else {}
+        matched = self.prefix.match(prefix_hashes, mask) if prefix_hashes else {}
         decision = decide(request, record, workers, matched, self.policy)
         self.placements[decision.kind] += 1
         if not decision.placed:
@@ -100,26 +159,38 @@ class RouterCore:
         record = self.fleet.bind(request.session_id, worker.worker_id, need, now)
         record.context_tokens = request.context_tokens
         self.prefix.insert(prefix_hashes, worker.bit)
-        self.breakers[worker.worker_id].on_dispatch()
-        return self.fleet.open_ticket(record, decision.uncached_tokens, need, request.context_tokens)
+        self.sessions.record(request.session_id, request.session_keys, move_tip=request.derived)
+        ticket = self.fleet.open_ticket(record, decision.uncached_tokens, need, request.context_tokens, now)
+        ticket.trial = self.breakers[worker.worker_id].on_dispatch()
+        return ticket
+
+    def first_byte(self, ticket: Ticket, now: float) -> None:
+        """The worker's first byte: release the ticket's prefill and learn the worker's prefill rate."""
+        if not self.fleet.first_byte(ticket) or not self.policy.learn_prefill_tps:
+            return
+        worker = self.fleet.workers.get(ticket.worker_id)
+        if worker is None or not informative(ticket.prefill_tokens, ticket.work_tokens):
+            return
+        rate = self.prefill_rates.get(worker.worker_id)
+        if rate is None:
+            rate = self.prefill_rates[worker.worker_id] = PrefillRate(worker.prefill_tps)
+        worker.prefill_tps = rate.observe(ticket.work_tokens, now - ticket.dispatched_at)
 
     def complete(self, ticket: Ticket, now: float, ok: bool, output_tokens: int | None = None,
                  worker_fault: bool = True) -> None:
         """Close a ticket and tell the worker's breaker how it went (`worker_fault=False`: no verdict)."""
+        if ticket.closed:
+            return
         self.fleet.finish(ticket, now, output_tokens)
         breaker = self.breakers.get(ticket.worker_id)
         if breaker is None:
             return
         if ok:
-            breaker.record_success()
+            breaker.record_success(ticket.trial)
         elif worker_fault:
-            breaker.record_failure(now)
+            breaker.record_failure(now, ticket.trial)
         else:
-            breaker.release_trial()
-
-    def expire_sessions(self, now: float) -> int:
-        """Expire idle sessions past the TTL."""
-        return self.fleet.expire(now)
+            breaker.release_trial(ticket.trial)
 
     @property
     def moves(self) -> int:

@@ -2,7 +2,8 @@
 
 K3 has two ceilings per worker at once:
 - MLA latent KV: 27,648 bytes per token (bf16, all MLA layers); DCP shards it, so a worker's
-  KV token capacity is `kv_tokens_per_rank * dcp_size`.
+  KV token capacity is `kv_rows_per_rank * dcp_size`. SGLang 0.5.23 already reports that logical
+  figure (`max_total_num_tokens`); only a per-rank figure from a config file needs the product.
 - KDA recurrent state: ~449 MB per request per TP group, a fixed-size slot that DCP does not shard.
 A resident session holds `context` KV tokens and one state slot.
 """
@@ -16,13 +17,8 @@ KDA_STATE_BYTES_PER_SLOT = 449_000_000
 
 
 def kv_capacity_tokens(kv_tokens_per_rank: int, dcp_size: int = 1) -> int:
-    """KV token capacity of a worker: per-rank tokens (SGLang max_total_num_tokens) times DCP size."""
+    """KV token capacity of a worker from a per-rank figure (as `--max-total-tokens`) times DCP size."""
     return int(kv_tokens_per_rank) * max(1, int(dcp_size))
-
-
-def kv_tokens_from_bytes(kv_bytes_per_rank: float, dcp_size: int = 1) -> int:
-    """KV token capacity from a per-rank KV memory budget in bytes."""
-    return kv_capacity_tokens(int(kv_bytes_per_rank // MLA_KV_BYTES_PER_TOKEN), dcp_size)
 
 
 def state_slots_from_bytes(state_bytes_per_tp_group: float) -> int:

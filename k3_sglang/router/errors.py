@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import orjson
-from starlette.responses import Response
+from aiohttp import web
 
 _TYPES = {
     400: "invalid_request_error",
@@ -20,6 +20,8 @@ _TYPES = {
     503: "service_unavailable",
     504: "timeout_error",
 }
+HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+SSE_DONE = b"data: [DONE]\n\n"
 
 
 class RouterHTTPError(Exception):
@@ -35,12 +37,13 @@ def error_body(status: int, message: str, code: str) -> dict:
     return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": code}}
 
 
-def error_response(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> Response:
+def error_response(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> web.Response:
     """A JSON error response in the OpenAI format."""
-    return Response(orjson.dumps(error_body(status, message, code)), status_code=status,
-                    media_type="application/json", headers=headers)
+    out = {"Content-Type": "application/json"}
+    out.update(headers or {})
+    return web.Response(body=orjson.dumps(error_body(status, message, code)), status=status, headers=out)
 
 
 def sse_error_event(message: str, code: str) -> bytes:
-    """A server-sent event that ends a broken stream with an error the OpenAI client raises."""
-    return b"data: " + orjson.dumps(error_body(502, message, code)) + b"\n\n"
+    """Server-sent events that end a broken stream: an error the OpenAI client raises, then `[DONE]`."""
+    return b"data: " + orjson.dumps(error_body(502, message, code)) + b"\n\n" + SSE_DONE

@@ -5,14 +5,19 @@ Accounting per worker (all in tokens unless named otherwise):
 - `active_tokens`: KV reserved by requests in flight (their sessions cannot be evicted);
 - `inflight_prefill_tokens`: uncached prefill dispatched and not yet answered with a first byte;
 - `inflight_requests`: requests dispatched and not yet finished; each runs with one KDA state slot,
-  so this is also the count of state slots that cannot be freed.
+  so this is also the count of state slots that cannot be freed;
+- `reported_*`: the worker's own `/v1/loads` figures (summed over DP ranks), refreshed by probes.
 A `Ticket` is opened per dispatched request and closed exactly once on every path.
+A worker has a `role` (today always `mixed`: prefill and decode on one engine); the placement
+filters by it so prefill/decode pools can be added beside mixed ones.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+MIXED = "mixed"
 
 
 @dataclass(slots=True)
@@ -30,7 +35,11 @@ class WorkerState:
     inflight_prefill_tokens: int = 0
     inflight_requests: int = 0
     reported_waiting_tokens: int = 0
+    reported_waiting_requests: int = 0
+    reported_running_requests: int = 0
+    backpressure_until: float = 0.0
     healthy: bool = True
+    role: str = MIXED
     idle_sessions: OrderedDict = field(default_factory=OrderedDict)
 
     @property
@@ -62,6 +71,9 @@ class Ticket:
     prefill_tokens: int
     active_tokens: int
     context_tokens: int
+    dispatched_at: float = 0.0
+    work_tokens: int = 0  # prefill ahead of it on the worker at dispatch, plus its own
+    trial: bool = False   # sent as a half-open breaker trial
     first_byte: bool = False
     closed: bool = False
 
@@ -151,9 +163,9 @@ class Fleet:
         self.evictions += evicted
         return evicted
 
-    def expire(self, now: float) -> int:
-        """Drop sessions idle for longer than the TTL; return how many expired."""
-        expired = 0
+    def expire(self, now: float) -> list[str]:
+        """Drop sessions idle for longer than the TTL; return their ids."""
+        expired: list[str] = []
         while self.sessions:
             sid, record = next(iter(self.sessions.items()))
             if record.last_seen + self.session_ttl_s > now:
@@ -164,8 +176,8 @@ class Fleet:
                 continue
             self.sessions.popitem(last=False)
             self._unbind(record)
-            expired += 1
-        self.expirations += expired
+            expired.append(sid)
+        self.expirations += len(expired)
         return expired
 
     def _unbind(self, record: SessionRecord) -> None:
@@ -177,24 +189,27 @@ class Fleet:
         record.worker_id, record.resident_tokens = None, 0
 
     # ---- ledger --------------------------------------------------------------------------
-    def open_ticket(self, record: SessionRecord, prefill_tokens: int, active_tokens: int, context_tokens: int) -> Ticket:
+    def open_ticket(self, record: SessionRecord, prefill_tokens: int, active_tokens: int, context_tokens: int,
+                    now: float = 0.0) -> Ticket:
         """Credit a dispatch to the session's worker: in-flight prefill, request and active KV."""
         worker = self.workers[record.worker_id]
+        work = worker.queued_tokens + prefill_tokens
         worker.inflight_prefill_tokens += prefill_tokens
         worker.inflight_requests += 1
         worker.active_tokens += active_tokens
         record.inflight += 1
         record.turns += 1
-        return Ticket(record.session_id, worker.worker_id, prefill_tokens, active_tokens, context_tokens)
+        return Ticket(record.session_id, worker.worker_id, prefill_tokens, active_tokens, context_tokens, now, work)
 
-    def first_byte(self, ticket: Ticket) -> None:
-        """The worker answered: its prefill for this request is done."""
+    def first_byte(self, ticket: Ticket) -> bool:
+        """The worker answered: its prefill for this request is done (True the first time only)."""
         if ticket.first_byte or ticket.closed:
-            return
+            return False
         ticket.first_byte = True
         worker = self.workers.get(ticket.worker_id)
         if worker is not None:
             worker.inflight_prefill_tokens -= ticket.prefill_tokens
+        return True
 
     def finish(self, ticket: Ticket, now: float, output_tokens: int | None = None) -> None:
         """Close a ticket (success, error, cancel or stream end). Idempotent."""

@@ -1,10 +1,11 @@
-"""Active health probes with consecutive failure/success thresholds.
+"""Active health probes with consecutive failure/success thresholds, and the load they report.
 
 The probe is `GET /v1/loads` by default: SGLang answers it from shared memory without running a
 generation, so a worker deep in a 100K-token prefill is not marked dead (SGLang's `/health_generate`
 runs a 1-token generate and times out behind long prefills). A worker whose probe path answers 404
-is probed on `/health` instead. A successful `/v1/loads` probe also refreshes the worker's reported
-queue (`num_waiting_uncached_tokens`).
+is probed on `/health` instead. A successful `/v1/loads` probe refreshes the worker's reported
+queue (waiting uncached tokens, waiting and running requests), and every probe result goes to the
+worker's circuit breaker, so a half-open worker that gets no traffic still closes.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
-from k3_sglang.router.capacity import parse_loads
+from k3_sglang.router.capacity import get_json, parse_loads
 from k3_sglang.router.config import ReliabilityConfig
-from k3_sglang.router.fleet import WorkerState
+from k3_sglang.router.core import RouterCore
 
 log = logging.getLogger("k3.router.health")
 
@@ -48,36 +49,38 @@ class HealthCounter:
         return self.healthy
 
 
-async def probe(client: httpx.AsyncClient, worker: WorkerState, counter: HealthCounter,
-                cfg: ReliabilityConfig) -> bool:
-    """Probe one worker once; update its health and reported queue. Returns the probe result."""
+async def probe(session: aiohttp.ClientSession, core: RouterCore, worker_id: str, counter: HealthCounter,
+                cfg: ReliabilityConfig, now: float) -> bool:
+    """Probe one worker once; update its health, reported load and breaker. Returns the probe result."""
     path = counter.probe_path or cfg.health_path
-    ok = False
-    try:
-        response = await client.get(worker.worker_id + path, timeout=cfg.health_timeout_s)
-        if response.status_code == 404 and path != "/health":
-            counter.probe_path = "/health"
-            response = await client.get(worker.worker_id + "/health", timeout=cfg.health_timeout_s)
-        ok = response.status_code == 200
-        if ok and path == "/v1/loads":
-            reported = parse_loads(response.json())
-            worker.reported_waiting_tokens = reported.waiting_uncached_tokens or 0
-    except (httpx.HTTPError, OSError, ValueError):
-        ok = False
+    status, payload = await get_json(session, worker_id + path, cfg.health_timeout_s)
+    if status == 404 and path != "/health":
+        counter.probe_path = path = "/health"
+        status, payload = await get_json(session, worker_id + path, cfg.health_timeout_s)
+    worker = core.fleet.workers.get(worker_id)
+    if worker is None:  # removed while probing
+        return False
+    ok = status == 200
+    if ok and path.startswith("/v1/loads"):
+        reported = parse_loads(payload)
+        worker.reported_waiting_tokens = reported.waiting_uncached_tokens or 0
+        worker.reported_waiting_requests = reported.waiting_requests or 0
+        worker.reported_running_requests = reported.running_requests or 0
     was = worker.healthy
     worker.healthy = counter.observe(ok)
+    core.breakers[worker_id].record_probe(ok, now)
     if was != worker.healthy:
-        log.warning("worker %s is now %s", worker.worker_id, "healthy" if worker.healthy else "unhealthy")
+        log.warning("worker %s is now %s", worker_id, "healthy" if worker.healthy else "unhealthy")
     return ok
 
 
-async def health_loop(client: httpx.AsyncClient, workers: dict[str, WorkerState],
-                      counters: dict[str, HealthCounter], cfg: ReliabilityConfig,
-                      stop: asyncio.Event) -> None:
-    """Probe every worker each `health_interval_s` until `stop` is set."""
+async def health_loop(session: aiohttp.ClientSession, core: RouterCore, counters: dict[str, HealthCounter],
+                      cfg: ReliabilityConfig, clock, stop: asyncio.Event) -> None:
+    """Probe every worker each `health_interval_s` until `stop` is set (`clock()`: monotonic now)."""
     while not stop.is_set():
-        current = [(w, counters[w.worker_id]) for w in list(workers.values()) if w.worker_id in counters]
-        await asyncio.gather(*(probe(client, w, c, cfg) for w, c in current))
+        current = list(counters.items())
+        await asyncio.gather(*(probe(session, core, worker_id, counter, cfg, clock())
+                               for worker_id, counter in current))
         try:
             await asyncio.wait_for(stop.wait(), timeout=cfg.health_interval_s)
         except asyncio.TimeoutError:

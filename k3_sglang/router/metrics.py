@@ -8,6 +8,20 @@ from k3_sglang.router.breaker import STATE_CODES
 from k3_sglang.router.core import RouterCore
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600)
+_WORKER_GAUGES = (
+    ("kv_capacity_tokens", "KV token capacity (logical, DCP included)"),
+    ("state_slots", "KDA state slots"),
+    ("prefill_tokens_per_second", "Prefill throughput the policy uses (configured or learned from TTFT)"),
+    ("resident_tokens", "KV tokens of sessions bound to the worker"),
+    ("resident_sessions", "Sessions bound to the worker"),
+    ("active_tokens", "KV tokens reserved by in-flight requests"),
+    ("inflight_prefill_tokens", "Uncached prefill tokens dispatched, no first byte yet"),
+    ("inflight_requests", "Requests in flight"),
+    ("reported_waiting_requests", "Waiting requests the worker reports (/v1/loads)"),
+    ("reported_waiting_tokens", "Waiting uncached tokens the worker reports (/v1/loads)"),
+    ("healthy", "1 when health probes pass"),
+    ("breaker_state", "0 closed, 1 half-open, 2 open"),
+)
 
 
 class RouterMetrics:
@@ -19,31 +33,30 @@ class RouterMetrics:
         self.requests = Counter("k3_router_requests", "Client requests by route and status", ["route", "status"], registry=r)
         self.placements = Counter("k3_router_placements", "Placement decisions by kind", ["kind"], registry=r)
         self.session_moves = Counter("k3_router_session_moves", "Sessions moved to another worker", registry=r)
+        self.sessions_found = Counter("k3_router_session_identity", "Session identity by source "
+                                      "(x-session-id, x-smg-routing-key, user, prefix, new)", ["source"], registry=r)
         self.rejections = Counter("k3_router_rejections", "Requests refused by admission", ["reason"], registry=r)
         self.retries = Counter("k3_router_retries", "Upstream attempts retried before the first byte", registry=r)
         self.upstream_errors = Counter("k3_router_upstream_errors", "Upstream failures", ["worker", "kind"], registry=r)
+        self.backpressure = Counter("k3_router_worker_backpressure", "429 answers from a worker", ["worker"], registry=r)
         self.decision_seconds = Histogram("k3_router_decision_seconds", "Placement decision time",
                                           buckets=_LATENCY_BUCKETS, registry=r)
         self.first_byte_seconds = Histogram("k3_router_first_byte_seconds", "Time to first upstream byte",
                                             buckets=_LATENCY_BUCKETS, registry=r)
         self.predicted_ttft_seconds = Histogram("k3_router_predicted_ttft_seconds", "Policy-predicted TTFT",
                                                 buckets=_LATENCY_BUCKETS, registry=r)
-        labels = ["worker"]
-        self.worker_gauges = {
-            name: Gauge(f"k3_router_worker_{name}", doc, labels, registry=r)
-            for name, doc in (
-                ("kv_capacity_tokens", "KV token capacity (DCP included)"),
-                ("state_slots", "KDA state slots"),
-                ("resident_tokens", "KV tokens of sessions bound to the worker"),
-                ("resident_sessions", "Sessions bound to the worker"),
-                ("active_tokens", "KV tokens reserved by in-flight requests"),
-                ("inflight_prefill_tokens", "Uncached prefill tokens dispatched, no first byte yet"),
-                ("inflight_requests", "Requests in flight"),
-                ("healthy", "1 when health probes pass"),
-                ("breaker_state", "0 closed, 1 half-open, 2 open"),
-            )
-        }
+        self.worker_gauges = {name: Gauge(f"k3_router_worker_{name}", doc, ["worker"], registry=r)
+                              for name, doc in _WORKER_GAUGES}
         self.sessions = Gauge("k3_router_sessions", "Live sessions", registry=r)
+        self._children: dict[tuple, object] = {}
+
+    def count(self, counter: Counter, *labels: str) -> None:
+        """Increment a labelled counter (label children cached: this runs on every request)."""
+        key = (id(counter), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*labels)
+        child.inc()
 
     def render(self, core: RouterCore) -> bytes:
         """Refresh gauges from the core and return the exposition text."""
@@ -52,9 +65,11 @@ class RouterMetrics:
         for w in core.fleet.workers.values():
             values = {
                 "kv_capacity_tokens": w.kv_capacity, "state_slots": w.state_slots,
+                "prefill_tokens_per_second": w.prefill_tps,
                 "resident_tokens": w.resident_tokens, "resident_sessions": w.resident_sessions,
                 "active_tokens": w.active_tokens, "inflight_prefill_tokens": w.inflight_prefill_tokens,
-                "inflight_requests": w.inflight_requests, "healthy": int(w.healthy),
+                "inflight_requests": w.inflight_requests, "reported_waiting_requests": w.reported_waiting_requests,
+                "reported_waiting_tokens": w.reported_waiting_tokens, "healthy": int(w.healthy),
                 "breaker_state": STATE_CODES[core.breakers[w.worker_id].state],
             }
             for name, value in values.items():

@@ -1,13 +1,15 @@
 """A small imitation of an SGLang worker for tests and benchmarks, with fault injection.
 
-It serves the shapes SGLang 0.5.23 serves: `/health`, `/v1/loads` (`loads[]` per DP rank),
-`/get_server_info` and `/server_info` (`max_total_num_tokens`, `dcp_size`, `max_running_requests`,
-`max_mamba_cache_size`), `/v1/models`, `/generate`, `/v1/completions`, `/v1/chat/completions`
-(streamed as `data: ...` events ending in `data: [DONE]`).
+It serves the shapes SGLang 0.5.23 serves: `/health`, `/v1/loads` (`loads[]` per DP rank, ISO-8601
+`timestamp`), `/get_server_info` and `/server_info` (`max_total_num_tokens` in logical tokens,
+`dcp_size`, `max_running_requests`, `max_mamba_cache_size`), `/v1/models`, `/generate`,
+`/v1/completions`, `/v1/chat/completions` (streamed as `data: ...` events ending in `data: [DONE]`).
 
 Faults (`POST /_fault` with a JSON `Fault`, `GET /_stats` for counters):
 `slow` waits `delay_s` before answering; `error` answers 500 for the next `count` requests (-1:
-always); `die_mid_stream` sends `chunks_before_death` chunks and drops the connection.
+always); `overloaded` answers 429 with `Retry-After: delay_s`; `die_mid_stream` sends
+`chunks_before_death` chunks and drops the connection. `POST /_load` sets what `/v1/loads` reports
+(`num_waiting_reqs`, `num_waiting_uncached_tokens`).
 Run standalone: `python -m k3_sglang.router.mock_worker --port 31000 --name w0`.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
@@ -49,6 +52,9 @@ class MockState:
     fault: Fault = field(default_factory=Fault)
     requests: int = 0
     running: int = 0
+    waiting_reqs: int = 0
+    waiting_uncached_tokens: int = 0
+    last_body: bytes = b""
     sessions_seen: dict = field(default_factory=dict)
 
 
@@ -131,7 +137,8 @@ def create_mock_app(state: MockState) -> FastAPI:
 
     async def generation(request: Request) -> Response:
         path = request.url.path
-        body = orjson.loads(await request.body())
+        state.last_body = await request.body()
+        body = orjson.loads(state.last_body)
         state.requests += 1
         sid = request.headers.get("x-session-id")
         if sid:
@@ -141,6 +148,9 @@ def create_mock_app(state: MockState) -> FastAPI:
         if _fault_active(state, "error"):
             return JSONResponse({"error": {"message": "injected failure", "type": "server_error", "code": 500}},
                                 status_code=500)
+        if _fault_active(state, "overloaded"):
+            return JSONResponse({"error": {"message": "engine overloaded", "type": "rate_limit_error", "code": 429}},
+                                status_code=429, headers={"Retry-After": f"{state.fault.delay_s:g}"})
         rid = f"{state.name}-{state.requests}"
         words = _reply_words(state, body)
         if body.get("stream"):
@@ -173,12 +183,20 @@ def create_mock_app(state: MockState) -> FastAPI:
 
     @app.get("/v1/loads")
     async def loads() -> Response:
-        load = {"dp_rank": 0, "num_running_reqs": state.running, "num_waiting_reqs": 0,
-                "num_waiting_uncached_tokens": 0, "num_used_tokens": 0, "num_total_tokens": 0,
-                "max_total_num_tokens": state.max_total_num_tokens,
+        load = {"dp_rank": 0, "num_running_reqs": state.running, "num_waiting_reqs": state.waiting_reqs,
+                "num_waiting_uncached_tokens": state.waiting_uncached_tokens, "num_used_tokens": 0,
+                "num_total_tokens": 0, "max_total_num_tokens": state.max_total_num_tokens,
                 "max_running_requests": state.max_running_requests, "token_usage": 0.0}
-        return JSONResponse({"timestamp": time.time(), "version": "mock", "accelerator": None,
-                             "num_accelerators": 1, "loads": [load]})
+        return JSONResponse({"timestamp": dt.datetime.now(dt.timezone.utc).isoformat(), "version": "mock",
+                             "accelerator": None, "num_accelerators": 1, "loads": [load]})
+
+    @app.post("/_load")
+    async def set_load(request: Request) -> Response:
+        load = orjson.loads(await request.body())
+        state.waiting_reqs = int(load.get("num_waiting_reqs", 0))
+        state.waiting_uncached_tokens = int(load.get("num_waiting_uncached_tokens", 0))
+        return JSONResponse({"num_waiting_reqs": state.waiting_reqs,
+                             "num_waiting_uncached_tokens": state.waiting_uncached_tokens})
 
     @app.post("/_fault")
     async def set_fault(request: Request) -> Response:

@@ -8,9 +8,13 @@ Cost model (docs/router.md has the full derivation):
     cached_w   = context of the session if it lives on w, else matched prefix blocks * block_tokens
     ttft_w     = (queued_tokens_w + context - cached_w) / prefill_tps_w
     score_w    = ttft_w + B(k_kv) + B(k_slot),  B(k) = kv_barrier_s * k / (1 - k)
-A new session goes to argmin score. A follow-up turn stays home unless home is unhealthy or
-infeasible, or score_home > score_best + move_penalty_s + move_penalty_factor * cached_home / tps_best.
-No feasible worker: reject (the HTTP layer answers 429 with Retry-After, or queues).
+    backlog_w  = ttft_w > max_predicted_ttft_s  or  reported_waiting_requests_w >= max_waiting_requests
+A new session goes to argmin score among the feasible workers without a backlog. A follow-up turn
+stays home unless home is unhealthy, infeasible or backlogged, or
+score_home > score_best + move_penalty_s + move_penalty_factor * cached_home / tps_best.
+No feasible worker: reject (capacity). Feasible ones but all backlogged: reject (backlog), with a
+Retry-After of the time the best one needs to drain below the limit. The HTTP layer answers 429
+with Retry-After, or queues.
 """
 
 from __future__ import annotations
@@ -28,11 +32,17 @@ NEW, STAY, MOVE, REJECT, UNAVAILABLE = "new", "stay", "move", "reject", "unavail
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
-    """What the policy needs to know about one request."""
+    """What placement needs to know about one request.
+
+    `session_keys` are the request's prefix keys (see session_index); `derived` is True when the
+    session was found or named from them (no explicit key), so the request moves the session's tip.
+    """
 
     session_id: str
     context_tokens: int
     growth_tokens: int
+    session_keys: tuple[int, ...] = ()
+    derived: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +68,7 @@ class Decision:
     cached_tokens: int
     uncached_tokens: int
     reason: str
+    retry_after_s: float = 0.0
 
     @property
     def placed(self) -> bool:
@@ -114,19 +125,37 @@ def decide(
     if not feasible:
         ceilings = sorted({c.blocked_by for c in candidates})
         return Decision(REJECT, None, math.inf, 0, request.context_tokens, "capacity: " + "+".join(ceilings))
-    best = min(feasible, key=lambda c: c.score_s)
+    admissible = [c for c in feasible if not backlogged(c, cfg)]
+    if not admissible:
+        return _backlog_rejection(feasible, cfg)
+    best = min(admissible, key=lambda c: c.score_s)
     home_id = record.worker_id if record is not None else None
     if home_id is None:
         return _placed(NEW, best, "lowest predicted ttft")
-    home = next((c for c in feasible if c.worker.worker_id == home_id), None)
+    home = next((c for c in admissible if c.worker.worker_id == home_id), None)
     if home is None:
-        return _placed(MOVE, best, "home worker unhealthy or full")
+        return _placed(MOVE, best, "home worker unhealthy, full or backlogged")
     if home is best:
         return _placed(STAY, home, "home is best")
     penalty = move_penalty_s(home.cached_tokens, best.worker.prefill_tps, cfg.move_penalty_s, cfg.move_penalty_factor)
     if home.score_s > best.score_s + penalty:
         return _placed(MOVE, best, f"home score {home.score_s:.2f}s > best {best.score_s:.2f}s + penalty {penalty:.2f}s")
     return _placed(STAY, home, "within move penalty")
+
+
+def backlogged(c: Candidate, cfg: PolicyConfig) -> bool:
+    """Whether a worker's queue is past the admission gate (predicted TTFT or engine-reported waiting)."""
+    waiting_gate = cfg.max_waiting_requests and c.worker.reported_waiting_requests >= cfg.max_waiting_requests
+    return c.ttft_s > cfg.max_predicted_ttft_s or bool(waiting_gate)
+
+
+def _backlog_rejection(feasible: list[Candidate], cfg: PolicyConfig) -> Decision:
+    best = min(feasible, key=lambda c: c.ttft_s)
+    drain_s = best.ttft_s - cfg.max_predicted_ttft_s
+    retry_after = min(60.0, max(1.0, math.ceil(drain_s))) if drain_s > 0 else float(cfg.retry_after_s)
+    reason = (f"backlog: predicted ttft {best.ttft_s:.1f}s > {cfg.max_predicted_ttft_s:.0f}s" if drain_s > 0
+              else f"backlog: worker reports {best.worker.reported_waiting_requests} waiting requests")
+    return Decision(REJECT, None, best.ttft_s, 0, best.uncached_tokens, reason, retry_after)
 
 
 def _placed(kind: str, c: Candidate, reason: str) -> Decision:

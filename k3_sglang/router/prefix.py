@@ -14,9 +14,9 @@ from collections.abc import Iterable, Sequence
 _SEED = 0x9E3779B97F4A7C15
 
 
-def text_block_hashes(text: str, block_chars: int, limit: int | None = None) -> list[int]:
-    """Chained 64-bit hashes of each full `block_chars`-sized block of `text`."""
-    data = text.encode("utf-8", "surrogatepass")
+def text_block_hashes(text: str | bytes, block_chars: int, limit: int | None = None) -> list[int]:
+    """Chained 64-bit hashes of each full `block_chars`-sized block of `text` (UTF-8 bytes)."""
+    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
     count = len(data) // block_chars
     if limit is not None:
         count = min(count, limit)
@@ -27,6 +27,22 @@ def text_block_hashes(text: str, block_chars: int, limit: int | None = None) -> 
         hashes.append(int.from_bytes(digest, "little"))
         prev = digest
     return hashes
+
+
+def text_prefix_key(data: bytes, block_hashes: Sequence[int], end: int, block_chars: int) -> int:
+    """A key naming exactly `data[:end]`: the block hash when `end` is block-aligned, else the
+    chain up to the last full block extended by the remaining bytes."""
+    full = end // block_chars
+    if full and end == full * block_chars:
+        return block_hashes[full - 1]
+    chain = block_hashes[full - 1].to_bytes(8, "little") if full else _SEED.to_bytes(8, "little")
+    tail = hashlib.blake2b(data[full * block_chars:end], digest_size=8, key=chain, person=b"k3-tail")
+    return int.from_bytes(tail.digest(), "little")
+
+
+def token_prefix_key(token_ids: Sequence[int]) -> int:
+    """A key naming exactly a (short) token sequence."""
+    return hash((_SEED, "tail", tuple(token_ids)))
 
 
 def token_block_hashes(token_ids: Sequence[int], block_tokens: int, limit: int | None = None) -> list[int]:

@@ -1,29 +1,30 @@
-"""Forwarding one client request to a worker: placement, admission wait, retries, streaming relay.
+"""Forwarding one client request to a worker: identity, placement, admission wait, retries, relay.
 
 Rules:
-- a retry (on connection error, timeout, 5xx or 429 from the worker) happens only while nothing has
+- the body goes to the worker byte for byte (never parsed and re-serialised);
+- a retry (connection error, timeout, 5xx, or 429 from the worker) happens only while nothing has
   been sent to the client; for a stream, the router waits for the worker's first chunk before it
   commits its own response, so a worker that dies before answering is retried elsewhere;
-- once bytes have gone out, a broken upstream ends the stream with an SSE error event (never a
-  second answer);
-- every ticket is closed on every path (success, worker error, client cancel, stream end).
-The data plane uses one pooled keep-alive aiohttp session (on loopback it costs ~0.4 ms per hop
-vs ~1 ms for httpx.AsyncClient); probes and admin calls use httpx.
+- a worker's 429 is back-pressure, not failure: no breaker verdict, the worker is skipped for its
+  `Retry-After` (else `backpressure_s`), and when every worker pushes back the client gets 429;
+- once bytes have gone out, a broken upstream ends the stream with an SSE error event and `[DONE]`
+  (never a second answer);
+- every ticket is closed on every path (success, worker error, client gone, stream end).
+The data plane is one pooled keep-alive aiohttp session; probes and admin calls use another.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
-import httpx
 import orjson
-from starlette.responses import Response, StreamingResponse
+from aiohttp import web
 
-from k3_sglang.router.config import RouterConfig
+from k3_sglang.router.config import RouterConfig, WorkerSpec
 from k3_sglang.router.core import RouterCore
 from k3_sglang.router.errors import RouterHTTPError, sse_error_event
 from k3_sglang.router.fleet import Ticket
@@ -31,9 +32,10 @@ from k3_sglang.router.metrics import RouterMetrics
 from k3_sglang.router.policy import MOVE, UNAVAILABLE, Decision, RouteRequest
 from k3_sglang.router.session_key import RequestFacts
 
-FORWARDED_HEADERS = ("content-type", "accept", "x-request-id")
-RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+FORWARDED_HEADERS = ("Content-Type", "Accept", "X-Request-Id")
+RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+CLIENT_GONE = (ConnectionError, OSError, RuntimeError)
 
 
 @dataclass
@@ -43,8 +45,9 @@ class RouterState:
     config: RouterConfig
     core: RouterCore
     metrics: RouterMetrics
-    client: httpx.AsyncClient | None = None
     session: aiohttp.ClientSession | None = None
+    control: aiohttp.ClientSession | None = None
+    specs: dict[str, WorkerSpec] = field(default_factory=dict)
     models: dict[str, dict] = field(default_factory=dict)
     health: dict = field(default_factory=dict)
     waiting: int = 0
@@ -61,33 +64,47 @@ class RouterState:
         self.capacity_freed = asyncio.Event()
 
 
-async def place(state: RouterState, facts: RequestFacts, exclude: list[str]) -> tuple[Decision, Ticket]:
+@dataclass(frozen=True, slots=True)
+class AttemptFailed:
+    """Why one try on one worker failed before anything reached the client."""
+
+    detail: str
+    backpressure_s: float | None = None  # set when the worker answered 429
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+async def place(state: RouterState, request: RouteRequest, prefix_hashes: tuple[int, ...],
+                exclude: list[str]) -> tuple[Decision, Ticket]:
     """Route a request, waiting in the bounded admission queue if configured; raise 429/503 otherwise."""
     policy = state.config.policy
-    request = RouteRequest(facts.session_id, facts.context_tokens, facts.growth_tokens)
     deadline = state.now() + policy.queue_timeout_s
+    metrics = state.metrics
     while True:
         started = time.perf_counter()
-        decision, ticket = state.core.route(request, facts.prefix_hashes, state.now(), exclude)
-        state.metrics.decision_seconds.observe(time.perf_counter() - started)
-        state.metrics.placements.labels(decision.kind).inc()
+        decision, ticket = state.core.route(request, prefix_hashes, state.now(), exclude)
+        metrics.decision_seconds.observe(time.perf_counter() - started)
+        metrics.count(metrics.placements, decision.kind)
         if ticket is not None:
             if decision.kind == MOVE:
-                state.metrics.session_moves.inc()
-            state.metrics.predicted_ttft_seconds.observe(decision.ttft_s)
+                metrics.session_moves.inc()
+            metrics.predicted_ttft_seconds.observe(decision.ttft_s)
             return decision, ticket
         if decision.kind == UNAVAILABLE:
-            message = "all workers failed for this request" if exclude else "no healthy worker available"
-            raise RouterHTTPError(503, message, "no_healthy_worker", {"Retry-After": str(policy.retry_after_s)})
+            if decision.reason.startswith("every healthy worker is back-pressuring"):
+                raise RouterHTTPError(429, decision.reason, "worker_backpressure", _retry_after(decision.retry_after_s))
+            code = "workers_recovering" if decision.reason.startswith("workers recovering") else "no_healthy_worker"
+            raise RouterHTTPError(503, decision.reason, code, _retry_after(decision.retry_after_s))
         remaining = deadline - state.now()
         if policy.admission == "queue" and remaining > 0 and state.waiting < policy.queue_max:
             await _wait_for_capacity(state, remaining)
             continue
-        state.metrics.rejections.labels(decision.reason).inc()
-        raise RouterHTTPError(
-            429, f"no worker can hold this session now ({decision.reason}); retry later",
-            "capacity_exceeded", {"Retry-After": str(policy.retry_after_s)},
-        )
+        metrics.count(metrics.rejections, decision.reason.split(":")[0])
+        code = "backlog" if decision.reason.startswith("backlog") else "capacity_exceeded"
+        raise RouterHTTPError(429, f"no worker can take this session now ({decision.reason}); retry later", code,
+                              _retry_after(decision.retry_after_s or policy.retry_after_s))
 
 
 async def _wait_for_capacity(state: RouterState, timeout_s: float) -> None:
@@ -100,16 +117,18 @@ async def _wait_for_capacity(state: RouterState, timeout_s: float) -> None:
         state.waiting -= 1
 
 
-def _upstream_headers(state: RouterState, headers: dict[str, str]) -> dict[str, str]:
-    out = {k: v for k, v in headers.items() if k in FORWARDED_HEADERS}
-    if state.config.api_key is None and "authorization" in headers:
-        out["authorization"] = headers["authorization"]
+def upstream_headers(state: RouterState, headers) -> dict[str, str]:
+    """Client headers passed to the worker (Authorization only when the router has no key of its own)."""
+    out = {name: headers[name] for name in FORWARDED_HEADERS if name in headers}
+    out.setdefault("Content-Type", "application/json")
+    if state.config.api_key is None and "Authorization" in headers:
+        out["Authorization"] = headers["Authorization"]
     return out
 
 
 def _response_headers(upstream: aiohttp.ClientResponse, ticket: Ticket) -> dict[str, str]:
     out = {"x-k3-worker": ticket.worker_id, "x-k3-session-id": ticket.session_id}
-    for name in ("content-type", "content-encoding"):
+    for name in ("Content-Type", "Content-Encoding"):
         value = upstream.headers.get(name)
         if value:
             out[name] = value
@@ -127,43 +146,68 @@ def _completion_tokens(content: bytes) -> int | None:
     return value if isinstance(value, int) else None
 
 
-async def forward(state: RouterState, path: str, body: bytes, facts: RequestFacts, headers: dict[str, str]) -> Response:
+def _backpressure_seconds(upstream: aiohttp.ClientResponse, default_s: float) -> float:
+    value = upstream.headers.get("Retry-After", "")
+    try:
+        return min(300.0, max(0.1, float(value)))
+    except ValueError:
+        return default_s
+
+
+async def forward(state: RouterState, request: web.Request, body: bytes, facts: RequestFacts) -> web.StreamResponse:
     """Send a request to the worker its session belongs on, retrying before the first byte."""
-    assert state.session is not None, "router client not started"
+    if facts.explicit_session is not None:
+        session_id, source = facts.explicit_session, facts.session_source
+    else:
+        session_id, source = state.core.identify(facts.session_keys)
+    state.metrics.count(state.metrics.sessions_found, source)
+    route_request = RouteRequest(session_id, facts.context_tokens, facts.growth_tokens, facts.session_keys,
+                                 facts.explicit_session is None)
+    headers = upstream_headers(state, request.headers)
+    reliability = state.config.reliability
     exclude: list[str] = []
-    errors: list[str] = []
-    for attempt in range(1 + state.config.reliability.max_retries):
+    failures: list[AttemptFailed] = []
+    for attempt in range(1 + reliability.max_retries):
         if attempt:
             state.metrics.retries.inc()
-            await asyncio.sleep(state.config.reliability.retry_backoff_s * attempt)
-        _, ticket = await place(state, facts, exclude)
-        outcome = await _attempt(state, path, body, facts, headers, ticket)
-        if isinstance(outcome, Response):
+            await asyncio.sleep(reliability.retry_backoff_s * attempt)
+        try:
+            _, ticket = await place(state, route_request, facts.prefix_hashes, exclude)
+        except RouterHTTPError:
+            if not failures:
+                raise
+            break
+        outcome = await _attempt(state, request, body, facts.stream, headers, ticket)
+        if isinstance(outcome, web.StreamResponse):
             return outcome
-        errors.append(f"{ticket.worker_id}: {outcome}")
+        failures.append(outcome)
         exclude.append(ticket.worker_id)
-    raise RouterHTTPError(502, "upstream failed: " + "; ".join(errors), "upstream_failed")
+    pushed_back = [f.backpressure_s for f in failures if f.backpressure_s is not None]
+    if len(pushed_back) == len(failures):
+        raise RouterHTTPError(429, "every worker tried answered 429 (back-pressure); retry later",
+                              "worker_backpressure", _retry_after(min(pushed_back)))
+    raise RouterHTTPError(502, "upstream failed: " + "; ".join(f.detail for f in failures), "upstream_failed")
 
 
-async def _attempt(state: RouterState, path: str, body: bytes, facts: RequestFacts,
-                   headers: dict[str, str], ticket: Ticket) -> Response | str:
-    """One try on one worker: a Response to return, or a string saying why it failed (retryable)."""
+async def _attempt(state: RouterState, request: web.Request, body: bytes, stream: bool,
+                   headers: dict[str, str], ticket: Ticket) -> web.StreamResponse | AttemptFailed:
+    """One try on one worker: the response sent to the client, or why it failed (retryable)."""
     started = time.perf_counter()
     try:
-        upstream = await state.session.post(ticket.worker_id + path, data=body,
-                                            headers=_upstream_headers(state, headers))
+        upstream = await state.session.post(ticket.worker_id + request.path, data=body, headers=headers)
     except UPSTREAM_ERRORS as exc:
         return _failed(state, ticket, "connect", exc)
     except BaseException:
         state.complete(ticket, ok=False, worker_fault=False)
         raise
+    if upstream.status == 429:
+        return _pushed_back(state, ticket, upstream)
     if upstream.status in RETRYABLE_STATUS:
         upstream.close()
         return _failed(state, ticket, f"status {upstream.status}", None)
-    is_stream = facts.stream and upstream.status == 200
-    iterator = upstream.content.iter_any()
+    is_stream = stream and upstream.status == 200
     try:
-        first = await _first_chunk(iterator) if is_stream else await upstream.read()
+        first = await _first_chunk(upstream) if is_stream else await upstream.read()
     except UPSTREAM_ERRORS as exc:
         upstream.close()
         return _failed(state, ticket, "read", exc)
@@ -171,48 +215,85 @@ async def _attempt(state: RouterState, path: str, body: bytes, facts: RequestFac
         state.complete(ticket, ok=False, worker_fault=False)
         upstream.close()
         raise
-    state.core.fleet.first_byte(ticket)
+    state.core.first_byte(ticket, state.now())
     state.metrics.first_byte_seconds.observe(time.perf_counter() - started)
     response_headers = _response_headers(upstream, ticket)
     if not is_stream:
         upstream.release()
         state.complete(ticket, ok=upstream.status < 500, output_tokens=_completion_tokens(first))
-        return Response(first, status_code=upstream.status, headers=response_headers)
-    return StreamingResponse(_relay(state, first, iterator, upstream, ticket),
-                             status_code=upstream.status, headers=response_headers)
-
-
-async def _first_chunk(iterator: AsyncIterator[bytes]) -> bytes:
+        return web.Response(body=first, status=upstream.status, headers=response_headers)
+    response = web.StreamResponse(status=upstream.status, headers=response_headers)
     try:
-        return await iterator.__anext__()
+        await response.prepare(request)
+    except BaseException:
+        state.complete(ticket, ok=False, worker_fault=False)
+        upstream.close()
+        raise
+    return await _relay(state, response, first, upstream, ticket)
+
+
+async def _first_chunk(upstream: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await upstream.content.iter_any().__anext__()
     except StopAsyncIteration:
         return b""
 
 
-def _failed(state: RouterState, ticket: Ticket, kind: str, exc: Exception | None) -> str:
+def _failed(state: RouterState, ticket: Ticket, kind: str, exc: Exception | None) -> AttemptFailed:
     state.complete(ticket, ok=False)
-    state.metrics.upstream_errors.labels(ticket.worker_id, kind.split()[0]).inc()
-    return kind if exc is None else f"{kind} error ({type(exc).__name__})"
+    state.metrics.count(state.metrics.upstream_errors, ticket.worker_id, kind.split()[0])
+    return AttemptFailed(f"{ticket.worker_id}: {kind}" if exc is None else
+                         f"{ticket.worker_id}: {kind} error ({type(exc).__name__})")
 
 
-async def _relay(state: RouterState, first: bytes, iterator: AsyncIterator[bytes],
-                 upstream: aiohttp.ClientResponse, ticket: Ticket) -> AsyncIterator[bytes]:
-    """Pass stream chunks through as they arrive; close the ticket however the stream ends."""
-    ok, fault, events = False, False, first.count(b"data:")
+def _pushed_back(state: RouterState, ticket: Ticket, upstream: aiohttp.ClientResponse) -> AttemptFailed:
+    seconds = _backpressure_seconds(upstream, state.config.policy.backpressure_s)
+    upstream.close()
+    state.complete(ticket, ok=False, worker_fault=False)
+    state.core.backpressure(ticket.worker_id, state.now() + seconds)
+    state.metrics.count(state.metrics.backpressure, ticket.worker_id)
+    return AttemptFailed(f"{ticket.worker_id}: status 429", seconds)
+
+
+async def _send(response: web.StreamResponse, data: bytes) -> bool:
+    """Write to the client; False when the client has gone."""
     try:
-        if first:
-            yield first
-        async for chunk in iterator:
+        await response.write(data)
+        return True
+    except CLIENT_GONE:
+        return False
+
+
+async def _relay(state: RouterState, response: web.StreamResponse, first: bytes,
+                 upstream: aiohttp.ClientResponse, ticket: Ticket) -> web.StreamResponse:
+    """Pass stream chunks through as they arrive; close the ticket however the stream ends."""
+    ended, events = "client", 0  # ended: "ok" | "worker" (upstream broke) | "client" (client gone)
+    chunks = upstream.content.iter_any()
+    try:
+        chunk = first
+        while not chunk or await _send(response, chunk):
             events += chunk.count(b"data:")
-            yield chunk
-        ok = True
-    except UPSTREAM_ERRORS as exc:
-        fault = True
-        state.metrics.upstream_errors.labels(ticket.worker_id, "stream").inc()
-        yield sse_error_event(f"worker failed mid-stream ({type(exc).__name__}); partial answer", "upstream_stream_broken")
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                ended = "ok"
+                break
+            except UPSTREAM_ERRORS as exc:
+                ended = "worker"
+                state.metrics.count(state.metrics.upstream_errors, ticket.worker_id, "stream")
+                message = f"worker failed mid-stream ({type(exc).__name__}); partial answer"
+                await _send(response, sse_error_event(message, "upstream_stream_broken"))
+                break
+        if ended != "client":
+            try:
+                await response.write_eof()
+            except CLIENT_GONE:
+                pass
     finally:
-        state.complete(ticket, ok=ok, output_tokens=events if ok else None, worker_fault=fault)
-        if ok:
+        state.complete(ticket, ok=ended == "ok", output_tokens=events if ended == "ok" else None,
+                       worker_fault=ended == "worker")
+        if ended == "ok":
             upstream.release()
         else:
             upstream.close()
+    return response

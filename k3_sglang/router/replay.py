@@ -13,11 +13,16 @@ from collections.abc import Sequence
 
 from k3_sglang.router.baselines import BASELINES
 from k3_sglang.router.config import PolicyConfig
-from k3_sglang.router.replay_sim import FleetSpec, ReplayResult, SessionPolicy, TraceRequest, simulate
+from k3_sglang.router.replay_sim import FleetSpec, ReplayResult, SessionPolicy, TraceRequest, label_sessions, simulate
 
 TTFT_SLO_S = 30.0  # Mooncake FAST'25 TTFT SLO
 POLICY_NAMES = ("k3_session", *BASELINES)
-REPLAY_BEGIN, REPLAY_END = "<!-- replay:begin -->", "<!-- replay:end -->"
+
+
+def section_name(trace_path: str) -> str:
+    """The docs section (and plot) name of a trace: its file name without extension, as a slug."""
+    stem = os.path.splitext(os.path.basename(trace_path))[0]
+    return re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-") or "trace"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -60,8 +65,9 @@ def run_replay(trace: list[TraceRequest], spec: FleetSpec, policy_cfg: PolicyCon
                names: Sequence[str] = POLICY_NAMES) -> tuple[list[dict], dict[str, list[float]]]:
     """Replay the trace under each policy; return table rows and the TTFT samples per policy."""
     rows, samples = [], {}
+    labels = label_sessions(trace)
     for name in names:
-        result = simulate(trace, spec, make_policy(name, spec, policy_cfg))
+        result = simulate(trace, spec, make_policy(name, spec, policy_cfg), labels)
         rows.append(summarize(result))
         samples[name] = result.ttfts
     return rows, samples
@@ -124,14 +130,17 @@ def update_section(path: str, begin: str, end: str, body: str) -> None:
 
 
 def report(rows: list[dict], samples: dict[str, list[float]], spec: FleetSpec, trace_path: str,
-           command: str, docs_dir: str) -> None:
-    """Write the table into docs/router-bench.md and the plot to docs/router-replay.png."""
+           command: str, docs_dir: str, section: str | None = None) -> None:
+    """Write the table into docs/router-bench.md (section `replay:NAME`) and the plot beside it."""
     os.makedirs(docs_dir, exist_ok=True)
+    name = section or section_name(trace_path)
     fleet = dataclasses.asdict(spec)
     title = (f"{os.path.basename(trace_path)}: {spec.workers} workers x {spec.kv_tokens:,} KV tokens, "
              f"{spec.state_slots} state slots, {spec.prefill_tps:,.0f} prefill tok/s")
-    write_plot(os.path.join(docs_dir, "router-replay.png"), rows, samples, title)
-    body = (f"### Trace replay ({dt.date.today().isoformat()}, 2-core CPU dev box)\n\n"
+    plot = f"router-replay-{name}.png"
+    write_plot(os.path.join(docs_dir, plot), rows, samples, title)
+    body = (f"### Trace replay: {name} ({dt.date.today().isoformat()})\n\n"
             f"Command: `{command}`\n\nFleet (equal for every policy): `{json.dumps(fleet)}`\n\n"
-            + markdown_table(rows) + "\n![replay](router-replay.png)\n")
-    update_section(os.path.join(docs_dir, "router-bench.md"), REPLAY_BEGIN, REPLAY_END, body)
+            + markdown_table(rows) + f"\n![replay {name}]({plot})\n")
+    update_section(os.path.join(docs_dir, "router-bench.md"), f"<!-- replay:{name}:begin -->",
+                   f"<!-- replay:{name}:end -->", body)

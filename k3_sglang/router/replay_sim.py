@@ -1,8 +1,12 @@
 """Trace replay against a simulated fleet. Pure; no HTTP, no threads.
 
-Trace format (Mooncake FAST'25): one JSON object per line with `timestamp` (ms), `input_length`,
-`output_length` and `hash_ids` (chained ids of 512-token blocks). A request's session is its
-opening block (`hash_ids[0]`), the same rule the live router uses for keyless chats.
+Trace format (Mooncake FAST'25: conversation, tool&agent and synthetic traces alike): one JSON
+object per line with `timestamp` (ms, int or float), `input_length`, `output_length` and
+`hash_ids` (ids of 512-token prefix blocks: equal ids mean a reusable prefix). An optional
+`session_id` is used as an explicit session key, like `X-Session-Id` on the live router.
+Without one, our policy finds sessions exactly as the live router does (`RouterCore.identify`,
+prefix keys = the ids of the request's full blocks). Session moves are counted against one
+labelling shared by every policy (`label_sessions`: the same session index, run once).
 
 Engine model per worker (`SimEngine`):
 - one FIFO prefill lane at `prefill_tps`; decode holds the request for `output_length * tpot_s`;
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from k3_sglang.router.config import PolicyConfig
 from k3_sglang.router.core import Capacity, RouterCore
 from k3_sglang.router.policy import RouteRequest
+from k3_sglang.router.session_index import SessionIndex
 
 BLOCK_TOKENS = 512
 
@@ -37,11 +42,17 @@ class TraceRequest:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    session_id: str | None = None
 
     @property
-    def session_id(self) -> str:
-        """Session key: the conversation's opening block."""
-        return f"s{self.hash_ids[0]}" if self.hash_ids else "s-empty"
+    def full_blocks(self) -> tuple[int, ...]:
+        """Ids of the request's full 512-token blocks (the last id may name a partial block)."""
+        return self.hash_ids[: self.input_length // BLOCK_TOKENS]
+
+    @property
+    def session_keys(self) -> tuple[int, ...]:
+        """Prefix keys for the session index: the full blocks, or the lone (partial) block."""
+        return self.full_blocks or self.hash_ids[:1]
 
 
 @dataclass(frozen=True)
@@ -63,14 +74,35 @@ def load_trace(path: str, limit: int | None = None) -> list[TraceRequest]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-                out.append(TraceRequest(float(row["timestamp"]) / 1000.0, int(row["input_length"]),
-                                        int(row["output_length"]), tuple(int(h) for h in row["hash_ids"])))
-            except (ValueError, KeyError, TypeError) as exc:
+                out.append(parse_trace_line(json.loads(line)))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a Mooncake trace line ({exc})") from None
             if limit is not None and len(out) >= limit:
                 break
     return out
+
+
+def parse_trace_line(row: dict) -> TraceRequest:
+    """One parsed JSONL object as a TraceRequest (KeyError/ValueError/TypeError when malformed)."""
+    lengths = int(row["input_length"]), int(row["output_length"])
+    if lengths[0] <= 0 or lengths[1] < 0:
+        raise ValueError(f"input_length must be > 0 and output_length >= 0, got {lengths}")
+    session = row.get("session_id")
+    return TraceRequest(float(row["timestamp"]) / 1000.0, *lengths, tuple(int(h) for h in row["hash_ids"]),
+                        None if session is None else str(session))
+
+
+def label_sessions(trace: Iterable[TraceRequest], max_keys: int = 4_000_000) -> list[str]:
+    """One session label per request (explicit, else the session index's answer), for counting moves."""
+    index, labels, fresh = SessionIndex(max_keys), [], 0
+    for req in trace:
+        label = req.session_id or index.find(req.session_keys)
+        if label is None:
+            fresh += 1
+            label = f"conv{fresh}"
+        index.record(label, req.session_keys, move_tip=req.session_id is None)
+        labels.append(label)
+    return labels
 
 
 @dataclass
@@ -148,17 +180,20 @@ class SessionPolicy:
         self.index = {worker_id: i for i, worker_id in enumerate(self.ids)}
         self._last_expiry = 0.0
 
-    def route(self, session_id: str, context: int, growth: int, hashes: Sequence[int], now: float):
+    def route(self, req: TraceRequest, now: float):
         """(worker index or None if rejected, ticket)."""
         if now - self._last_expiry > 10.0:
             self.core.expire_sessions(now)
             self._last_expiry = now
-        decision, ticket = self.core.route(RouteRequest(session_id, context, growth), hashes, now)
+        keys = req.session_keys
+        session_id = req.session_id or self.core.identify(keys)[0]
+        request = RouteRequest(session_id, req.input_length, req.output_length, keys, req.session_id is None)
+        decision, ticket = self.core.route(request, req.full_blocks, now)
         return (self.index[decision.worker_id] if ticket else None), ticket
 
     def first_byte(self, ticket, now: float) -> None:
         """The simulated worker produced its first token."""
-        self.core.fleet.first_byte(ticket)
+        self.core.first_byte(ticket, now)
 
     def finish(self, ticket, now: float) -> None:
         """The simulated request finished."""
@@ -179,29 +214,30 @@ class ReplayResult:
     ttfts: list = field(default_factory=list)
 
 
-def simulate(trace: Iterable[TraceRequest], spec: FleetSpec, policy) -> ReplayResult:
-    """Replay `trace` through `policy` on a fresh simulated fleet."""
+def simulate(trace: Sequence[TraceRequest], spec: FleetSpec, policy, labels: Sequence[str] | None = None) -> ReplayResult:
+    """Replay `trace` through `policy` on a fresh simulated fleet (`labels`: from `label_sessions`)."""
+    labels = label_sessions(trace) if labels is None else labels
     engines = [SimEngine(spec) for _ in range(spec.workers)]
     result = ReplayResult(policy.name)
     events: list = []  # (time, seq, kind, ticket)
     seen_blocks: set[int] = set()
     home: dict[str, int] = {}
     seq = 0
-    for req in trace:
+    for req, label in zip(trace, labels):
         t = req.timestamp_s
         while events and events[0][0] <= t:
             when, _, kind, ticket = heapq.heappop(events)
             (policy.first_byte if kind == 0 else policy.finish)(ticket, when)
         result.requests += 1
         result.input_tokens += req.input_length
-        worker, ticket = policy.route(req.session_id, req.input_length, req.output_length, req.hash_ids, t)
+        worker, ticket = policy.route(req, t)
         if worker is None:
             result.rejected += 1
             continue
-        previous = home.get(req.session_id)
+        previous = home.get(label)
         if previous is not None and previous != worker:
             result.session_moves += 1
-        home[req.session_id] = worker
+        home[label] = worker
         engine = engines[worker]
         engine.release(t)
         first_token, finish, cached = engine.admit(t, req)

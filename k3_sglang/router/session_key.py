@@ -1,39 +1,41 @@
-"""Session identity and request facts from an OpenAI / SGLang request body.
+"""Request facts from an OpenAI / SGLang request body: explicit session key, prefix keys, size.
 
 Identity, first match wins: header `X-Session-Id`, header `X-SMG-Routing-Key`, the OpenAI `user`
-field, else `auto-<hash>` of the conversation's opening (system prompt(s) + first user message for
-chat; the first `opening_chars` of the prompt or the first block of `input_ids` otherwise), so a
-multi-turn chat that resends its history keeps one key with no client change.
+field; without one, the router looks the request's *prefix keys* up in its session index
+(`session_index.py`, `RouterCore.identify`), so a multi-turn chat that resends its history keeps
+one session with no client change, and two conversations behind one shared system prompt do not.
+Prefix keys (shallow to deep), each naming a whole prefix of the request:
+- chat: the text up to the end of each message (an earlier request of the same conversation ended
+  at one of them), as block chain + exact tail;
+- a text prompt or `input_ids`: the chained full-block hashes (the whole prompt when shorter).
 Context length is counted from `input_ids` when given, else estimated as chars / chars_per_token.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from k3_sglang.router.body_checks import BadRequest, check_body, check_messages
 from k3_sglang.router.config import PolicyConfig
-from k3_sglang.router.prefix import text_block_hashes, token_block_hashes
+from k3_sglang.router.prefix import text_block_hashes, text_prefix_key, token_block_hashes, token_prefix_key
 
 SESSION_HEADERS = ("x-session-id", "x-smg-routing-key")
 MAX_SESSION_ID_CHARS = 256
-
-
-class BadRequest(ValueError):
-    """The request body cannot be routed; the message is shown to the client."""
+__all__ = ["BadRequest", "RequestFacts", "SESSION_HEADERS", "explicit_session_id", "request_facts"]
 
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
     """What routing needs from one request."""
 
-    session_id: str
+    explicit_session: str | None
     session_source: str
     context_tokens: int
     growth_tokens: int
     prefix_hashes: tuple[int, ...]
+    session_keys: tuple[int, ...]
     model: str | None
     stream: bool
 
@@ -47,20 +49,20 @@ def message_text(content: Any) -> str:
     return ""
 
 
-def _chat_text(messages: list) -> tuple[str, str]:
-    """(full conversation text, opening text) of a chat `messages` list."""
-    parts, opening = [], []
-    first_user_seen = False
+def _chat_prefixes(messages: list, cfg: PolicyConfig) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """(chars, prefix hashes, prefix keys) of a chat: one key where each message ends."""
+    parts, boundaries, size, chars = [], [], 0, 0
     for m in messages:
-        if not isinstance(m, dict):
-            raise BadRequest("each message must be an object")
-        role = str(m.get("role", ""))
-        text = f"<{role}>{message_text(m.get('content'))}\n"
-        parts.append(text)
-        if not first_user_seen and role in ("system", "developer", "user"):
-            opening.append(text)
-            first_user_seen = role == "user"
-    return "".join(parts), "".join(opening)
+        text = f"<{m['role']}>{message_text(m.get('content'))}\n"
+        encoded = text.encode("utf-8", "surrogatepass")
+        parts.append(encoded)
+        size += len(encoded)
+        chars += len(text)
+        boundaries.append(size)
+    data = b"".join(parts)
+    block = cfg.block_chars
+    hashes = text_block_hashes(data, block)
+    return chars, tuple(hashes), tuple(text_prefix_key(data, hashes, end, block) for end in boundaries)
 
 
 def _prompt_parts(body: Mapping[str, Any], path: str) -> tuple[str | None, list[int] | None]:
@@ -77,7 +79,7 @@ def _prompt_parts(body: Mapping[str, Any], path: str) -> tuple[str | None, list[
     if prompt is not None and not isinstance(prompt, str):
         raise BadRequest(f"{field} must be a string or a list")
     if prompt is None and ids is None:
-        raise BadRequest(f"missing {'messages' if path.endswith('chat/completions') else field}")
+        raise BadRequest(f"missing {field}")
     return prompt, ids
 
 
@@ -101,35 +103,28 @@ def explicit_session_id(headers: Mapping[str, str], body: Mapping[str, Any]) -> 
     return None
 
 
-def opening_key(opening: str) -> str:
-    """Stable session key of a conversation's opening text."""
-    return "auto-" + hashlib.blake2b(opening.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
-
-
 def request_facts(path: str, headers: Mapping[str, str], body: Any, cfg: PolicyConfig) -> RequestFacts:
-    """Extract session identity, context size, growth and prefix hashes from a parsed body."""
+    """Check the body and extract explicit identity, prefix keys, context size and growth."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    check_body(path, body)
     if path.endswith("/chat/completions"):
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list")
-        text, opening = _chat_text(messages)
-        ids = None
+        chars, hashes, keys = _chat_prefixes(check_messages(body.get("messages")), cfg)
+        context = max(1, int(chars / cfg.chars_per_token))
     else:
         text, ids = _prompt_parts(body, path)
-        opening = (text or "")[: cfg.opening_chars]
-    if ids is not None:
-        context = len(ids)
-        hashes = token_block_hashes(ids, cfg.block_tokens)
-        opening = opening or ",".join(map(str, ids[: cfg.block_tokens]))
-    else:
-        context = max(1, int(len(text) / cfg.chars_per_token))
-        hashes = text_block_hashes(text, cfg.block_chars)
+        if ids is not None:
+            context = len(ids)
+            hashes = tuple(token_block_hashes(ids, cfg.block_tokens))
+            keys = hashes or (token_prefix_key(ids),)
+        else:
+            data = text.encode("utf-8", "surrogatepass")
+            context = max(1, int(len(text) / cfg.chars_per_token))
+            hashes = tuple(text_block_hashes(data, cfg.block_chars))
+            keys = hashes or (text_prefix_key(data, hashes, len(data), cfg.block_chars),)
     explicit = explicit_session_id(headers, body)
-    session_id, source = explicit if explicit else (opening_key(opening), "opening")
     model = body.get("model")
     return RequestFacts(
-        session_id, source, context, _growth(body, cfg), tuple(hashes),
-        model if isinstance(model, str) else None, bool(body.get("stream")),
+        explicit[0] if explicit else None, explicit[1] if explicit else "", context, _growth(body, cfg),
+        hashes, keys, model if isinstance(model, str) else None, bool(body.get("stream")),
     )

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from k3_sglang.router.app import create_app
+from k3_sglang.router.app import create_app, router_state
 from k3_sglang.router.config import PolicyConfig, ReliabilityConfig, RouterConfig, WorkerSpec
 from k3_sglang.router.mock_worker import MockState, create_mock_app
 from k3_sglang.router.threaded import ServerThread
@@ -31,8 +31,12 @@ class Fleet:
     app: object
 
     @property
+    def state(self):
+        return router_state(self.app)
+
+    @property
     def core(self):
-        return self.app.state.router.core
+        return self.state.core
 
     def worker_index(self, url: str) -> int:
         return [w.url for w in self.workers].index(url)
@@ -47,6 +51,12 @@ class Fleet:
             if all(w.inflight_requests == 0 for w in self.core.fleet.workers.values()):
                 return
             time.sleep(0.02)
+
+
+@pytest.fixture
+def fast_reliability() -> ReliabilityConfig:
+    """The short timeouts and thresholds `make_fleet` uses by default (to derive variants)."""
+    return FAST_RELIABILITY
 
 
 @pytest.fixture

@@ -199,21 +199,22 @@ def test_text_hashes_are_chained_and_stable():
 
 
 def test_circuit_breaker_opens_and_recovers_through_half_open():
-    b = CircuitBreaker(failure_threshold=3, success_threshold=2, open_s=10)
+    b = CircuitBreaker(failure_threshold=3, success_threshold=2, open_s=10, half_open_trials=2)
     for _ in range(3):
         assert b.can_dispatch(0)
         b.record_failure(0)
     assert b.state == OPEN and not b.can_dispatch(5)
     assert b.can_dispatch(10) and b.state == HALF_OPEN
-    b.on_dispatch()
-    assert not b.can_dispatch(10)  # one trial at a time
-    b.record_failure(11)
+    trials = [b.on_dispatch(), b.on_dispatch()]
+    assert trials == [True, True] and not b.can_dispatch(10)  # two trials at a time, no more
+    b.record_failure(11, trial=True)
     assert b.state == OPEN
-    assert b.can_dispatch(21)
+    b.release_trial(trials[1])  # the other trial ends without a verdict
+    assert b.can_dispatch(21) and b.trials_in_flight == 0
     for _ in range(2):
-        b.on_dispatch()
-        b.record_success()
+        b.record_success(trial=b.on_dispatch())
     assert b.state == CLOSED and b.times_opened == 2
+    assert not b.on_dispatch()  # closed: nothing is a trial
 
 
 def test_health_counter_uses_consecutive_thresholds():

@@ -71,8 +71,52 @@ def test_unknown_or_bad_worker_url(http):
 
 
 def test_unknown_route_and_method(http):
-    assert_error(http.get("/v1/nothing"), 404, "http_error")
-    assert_error(http.get(CHAT), 405, "http_error")
+    assert_error(http.get("/v1/nothing"), 404, "not_found")
+    assert_error(http.post("/v1/nothing", json=GOOD), 404, "not_found")
+    r = http.get(CHAT)
+    assert_error(r, 405, "method_not_allowed")
+    assert "POST" in r.headers["allow"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "fragment"),
+    [
+        (CHAT, {"messages": [{"role": "user", "content": "hi"}]}, "missing field `model`"),
+        (CHAT, {**GOOD, "model": ""}, "missing field `model`"),
+        ("/v1/completions", {"prompt": "hi"}, "missing field `model`"),
+        (CHAT, {**GOOD, "max_tokens": -5}, "max_tokens must be a non-negative integer"),
+        (CHAT, {**GOOD, "max_tokens": 2.5}, "max_tokens must be a non-negative integer"),
+        (CHAT, {**GOOD, "max_completion_tokens": "8"}, "max_completion_tokens"),
+        ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+        ("/generate", {"text": "a", "sampling_params": [1]}, "sampling_params must be an object"),
+        (CHAT, {**GOOD, "stream": "yes"}, "stream must be a boolean"),
+        (CHAT, {**GOOD, "n": 0}, "n must be an integer >= 1"),
+        (CHAT, {**GOOD, "temperature": -1}, "temperature"),
+        (CHAT, {**GOOD, "top_p": 0}, "top_p"),
+        (CHAT, {**GOOD, "messages": [{"content": "no role"}]}, "messages[0].role"),
+        (CHAT, {**GOOD, "messages": [{"role": "user", "content": 7}]}, "messages[0].content"),
+        ("/generate", {"sampling_params": {}}, "missing text"),
+    ],
+)
+def test_fields_sglang_would_reject_are_400_before_placement(make_fleet, path, body, fragment):
+    fleet = make_fleet(1)
+    with httpx.Client(base_url=fleet.router.url, timeout=10) as client:
+        r = client.post(path, json=body)
+        assert_error(r, 400, "invalid_request")
+        assert fragment in r.json()["error"]["message"]
+        assert client.post(CHAT, json=GOOD).status_code == 200
+    assert fleet.states[0].requests == 1  # only the good request reached the worker
+    assert not fleet.core.fleet.sessions or len(fleet.core.fleet.sessions) == 1
+
+
+def test_content_type_must_be_json(http):
+    assert_error(http.post(CHAT, content=b'{"model": "mock-k3"}', headers={"content-type": "text/plain"}),
+                 415, "unsupported_media_type")
+    assert_error(http.post(CHAT, content=b"model=x", headers={"content-type": "application/x-www-form-urlencoded"}),
+                 415, "unsupported_media_type")
+    body = b'{"model": "mock-k3", "messages": [{"role": "user", "content": "hi"}]}'
+    for ctype in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        assert http.post(CHAT, content=body, headers={"content-type": ctype}).status_code == 200
 
 
 def test_admin_api_disabled_without_key_and_api_key_enforced(make_fleet):

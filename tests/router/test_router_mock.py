@@ -64,6 +64,35 @@ def test_completions_and_generate_pass_through_streaming(make_fleet):
     assert ledger_is_zero(fleet)
 
 
+def test_body_reaches_the_worker_byte_for_byte(make_fleet):
+    fleet = make_fleet(1)
+    raw = ('{ "separate_reasoning":true,"messages":[{"content":"h\u00e9llo \u2603","role":"user"}],\n'
+           ' "model" : "mock-k3", "custom_field_xyz": [1, 2.50, null], "top_k": 3, "chat_template_kwargs": {}}').encode()
+    r = httpx.post(fleet.router.url + "/v1/chat/completions", content=raw,
+                   headers={"content-type": "application/json", "x-request-id": "req-1"}, timeout=10)
+    assert r.status_code == 200
+    assert fleet.states[0].last_body == raw
+
+
+def test_conversations_sharing_a_long_system_prompt_are_separate_sessions(make_fleet):
+    fleet = make_fleet(2)
+    client = client_for(fleet)
+    system = {"role": "system", "content": "You are a careful agent. " * 400}  # ~10,000 characters
+    histories = [[system, {"role": "user", "content": f"task {i}"}] for i in range(4)]
+    first_ids = []
+    for messages in histories:
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+        first_ids.append(raw.headers["x-k3-session-id"])
+        messages += [{"role": "assistant", "content": raw.parse().choices[0].message.content},
+                     {"role": "user", "content": "next"}]
+    assert len(set(first_ids)) == 4
+    for messages, sid in zip(histories, first_ids):
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages)
+        assert raw.headers["x-k3-session-id"] == sid
+    assert len(fleet.core.fleet.sessions) == 4
+    assert 'k3_router_session_identity_total{source="prefix"} 4.0' in httpx.get(fleet.router.url + "/metrics").text
+
+
 def test_explicit_session_headers_and_user_field(make_fleet):
     fleet = make_fleet(2)
     with httpx.Client(timeout=10) as http:
