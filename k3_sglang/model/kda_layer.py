@@ -3,7 +3,9 @@
 The conv windows and fp32 recurrent states live in SGLang's mamba pool
 (`req_to_token_pool.mamba2_layer_cache(layer_id)`: conv [slots, W-1, 3P] holding the q|k|v
 pre-conv rows, temporal [slots, H, K, V]); the slot of each request comes from the hybrid
-backend's forward metadata. Prefill is `dispatch.kda_prefill` (chunked KDA, varlen), decode
+backend's forward metadata. Under attention TP each rank holds H / tp heads: its q|k|v|g|f_b|b rows, conv
+channels, A_log and dt_bias, o_proj columns (all-reduced), and SGLang's pool holds the same head shard of the
+state ([W-1, 3P/tp], [H/tp, K, V]). Prefill is `dispatch.kda_prefill` (chunked KDA, varlen), decode
 `dispatch.kda_decode` (one fused step for the whole batch): Triton on CUDA, torch elsewhere, one
 contract (kernels/kda/decode_common.py), including padding requests (slot -1, as SGLang's
 CUDA-graph decode pads): output 0 and no pool row touched.
@@ -20,6 +22,8 @@ from k3_sglang.config import K3Config
 from k3_sglang.kernels import dispatch
 from k3_sglang.kernels.kda.decode_common import KDAOptions, KDAWeights
 from k3_sglang.model.common import FusedWeightCache, WeightOnly
+from k3_sglang.model.parallel import ModelParallel, all_reduce, column, mark_sharded, row
+from k3_sglang.parallel.tp import Shard
 
 
 # The six input projections run as one matmul over a cached concatenated weight while that copy
@@ -52,6 +56,15 @@ def kda_state_view(forward_batch, layer_id: int) -> KDAStateView:
                         slots=meta.mamba_cache_indices.long(), query_start_loc=meta.query_start_loc)
 
 
+def _shard(param: nn.Parameter, heads: Shard) -> nn.Parameter:
+    return mark_sharded(param, 0, heads) if heads.size > 1 else param
+
+
+def _sharded(holder: WeightOnly, heads: Shard) -> WeightOnly:
+    _shard(holder.weight, heads)
+    return holder
+
+
 class KDAMixer(nn.Module):
     """Kimi Delta Attention for one layer. Input/output [T, hidden]."""
 
@@ -59,28 +72,30 @@ class KDAMixer(nn.Module):
         super().__init__()
         kda, hidden = cfg.kda, cfg.hidden_size
         self.layer_id = layer_id
-        self.num_heads, self.head_dim = kda.num_heads, kda.head_dim
-        self.proj_dim = kda.proj_dim
+        self.mp = ModelParallel.current()
+        heads, what = self.mp.attn_tp, "the KDA head count"
+        self.num_heads, self.head_dim = heads.part(kda.num_heads, what), kda.head_dim  # this rank's heads
+        self.proj_dim = self.num_heads * kda.head_dim
         self.conv_width = kda.conv_kernel_size
         self.lower_bound = kda.gate_lower_bound
         self.eps = cfg.rms_norm_eps
         self.scale = kda.head_dim ** -0.5
-        p = self.proj_dim
-        self.q_proj = nn.Linear(hidden, p, bias=False)
-        self.k_proj = nn.Linear(hidden, p, bias=False)
-        self.v_proj = nn.Linear(hidden, p, bias=False)
-        self.g_proj = nn.Linear(hidden, p, bias=False)  # full-rank output gate
+        p, full = self.proj_dim, kda.proj_dim
+        self.q_proj = column(hidden, full, heads, what)
+        self.k_proj = column(hidden, full, heads, what)
+        self.v_proj = column(hidden, full, heads, what)
+        self.g_proj = column(hidden, full, heads, what)  # full-rank output gate
         self.f_a_proj = nn.Linear(hidden, kda.head_dim, bias=False)
-        self.f_b_proj = nn.Linear(kda.head_dim, p, bias=False)
-        self.b_proj = nn.Linear(hidden, kda.num_heads, bias=False)
-        self.o_proj = nn.Linear(p, hidden, bias=False)
+        self.f_b_proj = column(kda.head_dim, full, heads, what)
+        self.b_proj = column(hidden, kda.num_heads, heads, what)
+        self.o_proj = row(full, hidden, heads, what)
         fp32 = torch.float32
-        self.q_conv1d = WeightOnly(p, 1, self.conv_width, dtype=fp32)
-        self.k_conv1d = WeightOnly(p, 1, self.conv_width, dtype=fp32)
-        self.v_conv1d = WeightOnly(p, 1, self.conv_width, dtype=fp32)
-        # A_log is stored wider than the head count in K3 checkpoints; the loader narrows it.
-        self.A_log = nn.Parameter(torch.zeros(kda.num_heads, dtype=fp32), requires_grad=False)
-        self.dt_bias = nn.Parameter(torch.zeros(p, dtype=fp32), requires_grad=False)
+        self.q_conv1d = _sharded(WeightOnly(p, 1, self.conv_width, dtype=fp32), heads)
+        self.k_conv1d = _sharded(WeightOnly(p, 1, self.conv_width, dtype=fp32), heads)
+        self.v_conv1d = _sharded(WeightOnly(p, 1, self.conv_width, dtype=fp32), heads)
+        # A_log is stored wider than the head count in K3 checkpoints; the loader narrows it, then shards it.
+        self.A_log = _shard(nn.Parameter(torch.zeros(self.num_heads, dtype=fp32), requires_grad=False), heads)
+        self.dt_bias = _shard(nn.Parameter(torch.zeros(p, dtype=fp32), requires_grad=False), heads)
         self.o_norm = WeightOnly(kda.head_dim, dtype=fp32, fill=1.0)
         self._in_proj = FusedWeightCache()  # q|k|v|g|f_a|b as one matmul
         self._conv = FusedWeightCache()  # the q|k|v depthwise kernels as one [3P, 1, W] weight
@@ -121,7 +136,7 @@ class KDAMixer(nn.Module):
         weights, opts = self.kernel_args()
         o = dispatch.kda_decode(pre.to(state.conv.dtype)[:, None], f[:, None], b[:, None], out_gate[:, None], weights,
                                 state.conv, state.temporal, state.slots, opts)  # [B, 1, H*V]
-        return self.o_proj(o[:, 0].to(x.dtype))
+        return all_reduce(self.o_proj(o[:, 0].to(x.dtype)), self.mp.attn_tp, "attn_tp_group")
 
     def forward_extend(self, x: torch.Tensor, state: KDAStateView, prefix_lens: list[int]) -> torch.Tensor:
         """Variable-length prefill chunks x [T, hidden] -> [T, hidden]; request i owns rows qsl[i]:qsl[i+1] and
@@ -131,4 +146,4 @@ class KDAMixer(nn.Module):
         has_state = torch.tensor([int(n) > 0 for n in prefix_lens], dtype=torch.bool, device=x.device)
         o = dispatch.kda_prefill(pre.to(state.conv.dtype), f, b, out_gate, state.query_start_loc, weights, state.conv,
                                  state.temporal, state.slots, has_state, opts)  # [T, H*V]
-        return self.o_proj(o.to(x.dtype))
+        return all_reduce(self.o_proj(o.to(x.dtype)), self.mp.attn_tp, "attn_tp_group")

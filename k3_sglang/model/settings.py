@@ -1,7 +1,7 @@
 """Typed `K3_*` settings the model reads in SGLang's worker processes (parsed once per process).
 
 K3_MLA_EXTEND: how MLA prefill chunks attend.
-- `chunk` (default): the chunk's queries over the request's cached pool rows (`model/mla_extend.py`),
+- `chunk` (default): the chunk's queries over the request's cached pool rows (`model/mla_attention.py`),
   O(chunk x prefix) per chunk.
 - `torch_native`: SGLang's torch_native extend, which recomputes attention over prefix + chunk for every chunk
   (O(prefix^2) per chunk); kept only as the baseline for `k3 bench long-context`.

@@ -112,6 +112,8 @@ def _run_tiles(state: _OnlineSoftmax, q_lat, kv_cache, kv_indices, layout: Exten
         q_req, q_pos, kv_req, kv_pos = _positions(layout, q_lat.device)
     keys, keys_range = None, None
     for tile in tiles:
+        if tile.k1 == tile.k0:  # a request with no key here (a DCP stripe shorter than the rank): nothing to add
+            continue
         if keys_range != (tile.k0, tile.k1):
             keys = kv_cache[kv_indices[tile.k0:tile.k1].long()].to(dt)  # [k, L]
             keys_range = (tile.k0, tile.k1)

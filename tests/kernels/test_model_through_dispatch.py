@@ -117,13 +117,13 @@ def test_kda_extend_through_dispatch(monkeypatch, backend, device):
 
 
 class _FakeMLAPool:
-    """SGLang's MLA token pool surface the layer uses: set_kv_buffer / get_key_buffer on one [N, 1, L] buffer."""
+    """SGLang's MLA token pool surface the layer uses: set_mla_kv_buffer / get_key_buffer on one [N, 1, L] buffer."""
 
     def __init__(self, rows: torch.Tensor):
         self.buffer = rows[:, None].clone()
 
-    def set_kv_buffer(self, layer, loc, k, v):
-        self.buffer[loc] = k
+    def set_mla_kv_buffer(self, layer, loc, k_nope, k_rope):
+        self.buffer[loc] = torch.cat([k_nope, k_rope], -1)
 
     def get_key_buffer(self, layer_id):
         return self.buffer
@@ -134,7 +134,9 @@ def test_mla_decode_sized_from_live_seq_lens_not_capture_fill(monkeypatch, backe
     """seq_lens_cpu holds 1 (what SGLang's graph capture fills in) while the real lengths are 5 and 9: every
     request must still attend all of its rows."""
     pytest.importorskip("sglang.srt.layers.radix_attention", reason="the MLA layer builds SGLang's RadixAttention")
+    from k3_sglang.model.mla_attention import mla_attention
     from k3_sglang.model.mla_layer import MLAMixer
+    from k3_sglang.parallel.tp import Shard
 
     _force(monkeypatch, "mla_decode", backend)
     mla = CFG.mla
@@ -149,12 +151,14 @@ def test_mla_decode_sized_from_live_seq_lens_not_capture_fill(monkeypatch, backe
     backend_obj = SimpleNamespace(token_to_kv_pool=pool,
                                   req_to_token_pool=SimpleNamespace(req_to_token=req_to_token.to(device)))
     monkeypatch.setattr("sglang.srt.model_executor.forward_context.get_attn_backend", lambda: backend_obj)
-    batch = SimpleNamespace(out_cache_loc=torch.tensor([20, 21], device=device),
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True),
+                            out_cache_loc=torch.tensor([20, 21], device=device),
                             req_pool_indices=torch.tensor([3, 1], device=device), seq_lens=seq_lens.to(device),
                             seq_lens_cpu=torch.ones(B, dtype=torch.int64))
     q_lat, rows = torch.randn(B, mla.num_heads, L), torch.randn(B, L)
     with torch.no_grad():
-        o = mixer._decode_batched(q_lat.to(device), rows.to(device), batch).view(B, mla.num_heads, C).cpu()
+        o = mla_attention(mixer.attn, q_lat.to(device), rows.to(device), batch, C, Shard())
+        o = o.view(B, mla.num_heads, C).cpu()
     keys = pool.buffer[:, 0].cpu()
     assert_bit_exact("this step's rows written", rows, keys[[20, 21]])
     indices = torch.cat([req_to_token[3, :5], req_to_token[1, :9]]).long()

@@ -16,14 +16,30 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 33])
-def test_dense_moe_matches_grouped_reference(tokens):
+def test_moe_dense_and_grouped_paths_match_reference(tokens):
+    from k3_sglang.kernels.moe.naive import latent_moe
+
     torch.manual_seed(tokens)
     moe = LatentMoE(preset("k3-tiny"))
     with torch.no_grad():
         for p in moe.parameters():
             p.normal_(0, 0.2)
         x = torch.randn(tokens, 128)
-        assert _rel(moe._routed_dense(x), moe._routed_grouped(x)) < 1e-5
+        m, s = moe.moe, moe.situ
+        want = latent_moe(x.double(), moe.gate.weight.double(), moe.gate.e_score_correction_bias.double(),
+                          moe.routed_expert_down_proj.weight.double(), moe.routed_expert_up_proj.weight.double(),
+                          moe.routed_expert_norm.weight.double(), moe.routed_expert_norm.eps,
+                          moe.experts.w1.double(), moe.experts.w3.double(), moe.experts.w2.double(),
+                          m.num_experts_per_token, m.renormalize, m.routed_scaling_factor, s.beta, s.linear_beta)
+        want = want + moe.shared_experts(x.double())
+        assert _rel(moe(x), want) < 1e-5  # the dense small-model path
+        import k3_sglang.model.ffn as ffn
+
+        saved, ffn.DENSE_MOE_MAX_MACS = ffn.DENSE_MOE_MAX_MACS, 0
+        try:
+            assert _rel(moe(x), want) < 1e-5  # the grouped path
+        finally:
+            ffn.DENSE_MOE_MAX_MACS = saved
 
 
 def test_fused_weight_cache_rebuilds_after_in_place_update():

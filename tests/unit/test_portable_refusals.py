@@ -15,13 +15,15 @@ from k3_sglang.serving import portable_limits
 from k3_sglang.serving.portable_limits import SUPPORTED_PARALLEL_SIZES, parse_sglang_argv, portable_refusals
 
 REFUSED = [
-    (["--tp-size", "2"], "--tp-size 2: tensor parallelism is not built into the portable model yet"),
-    (["--tp", "4"], "--tp-size 4: tensor parallelism"),
+    (["--tp-size", "3"], "--tp-size 3 does not divide the MLA head count (4)"),
+    (["--tp", "16"], "--tp-size 16: tensor parallelism is not built into the portable model yet"),
+    (["--tp-size", "4", "--ep-size", "3"], "--ep-size 3 must divide --tp-size 4"),
     (["--pp-size", "8"], "--pp-size 8: pipeline parallelism"),
-    (["--dcp-size", "8"], "--dcp-size 8: decode context parallelism"),
+    (["--dcp-size", "16"], "--dcp-size 16: decode context parallelism"),
+    (["--tp-size", "2", "--dcp-size", "4"], "--dcp-size 4 must divide the attention TP size (2)"),
     (["--attn-dp-size", "2"], "--attn-dp-size 2: DP attention"),
     (["--dp-size", "2", "--enable-dp-attention"], "--enable-dp-attention: DP attention"),
-    (["--ep-size", "2"], "--ep-size 2: expert parallelism"),
+    (["--ep-size", "16"], "--ep-size 16: expert parallelism"),
     (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE: not supported by the portable model"),
     (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM: not supported"),
     (["--mamba-radix-cache-strategy", "extra_buffer"], "--mamba-radix-cache-strategy extra_buffer: the portable model needs no_buffer"),
@@ -57,10 +59,10 @@ def test_refused_before_any_server_starts(monkeypatch, launched, capsys, cuda, f
 def test_every_reason_in_one_message(monkeypatch, launched, capsys, tmp_path):
     monkeypatch.setattr("k3_sglang.platform.cuda_available", lambda: False)
     config = tmp_path / "server.yaml"
-    config.write_text("pp-size: 2\n")  # SGLang's --config file is read the way SGLang reads it
-    assert main(["serve", "--config", str(config), "--tp-size", "2", "--speculative-algorithm", "EAGLE"]) == 2
+    config.write_text("pp-size: 8\n")  # SGLang's --config file is read the way SGLang reads it
+    assert main(["serve", "--config", str(config), "--tp-size", "3", "--speculative-algorithm", "EAGLE"]) == 2
     err = capsys.readouterr().err
-    assert all(m in err for m in ("--tp-size 2", "--pp-size 2", "--speculative-algorithm EAGLE"))
+    assert all(m in err for m in ("--tp-size 3", "--pp-size 8", "--speculative-algorithm EAGLE"))
     assert not launched
 
 
@@ -74,7 +76,7 @@ def test_supported_configurations_pass(monkeypatch, launched):
 
 
 PORTABLE_BASE = ["--model-path", "x", "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill",
-                 "disabled", "--mamba-radix-cache-strategy", "no_buffer"]
+                 "disabled", "--mamba-radix-cache-strategy", "no_buffer", "--disable-radix-cache"]  # (as under DCP)
 
 
 def test_parallel_table_lifts_one_limit_at_a_time(monkeypatch):
@@ -103,6 +105,20 @@ def test_server_process_rechecks_its_server_args(tmp_path):
                           "--config", str(config), "--host", "127.0.0.1", "--port", "1"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 2, run.stderr[-3000:]
-    assert "--dcp-size 2: decode context parallelism" in run.stderr
+    assert "--dcp-size 2 must divide the attention TP size (1)" in run.stderr
+    assert "--dcp-size 2 with the radix cache" in run.stderr  # not composed by k3 serve here
     assert "CUDA graphs for decode (SGLang's default: on)" in run.stderr  # not composed by k3 serve here
     assert "Uvicorn" not in run.stderr and "ready" not in run.stdout
+
+
+def test_k3_serve_turns_the_radix_cache_off_under_dcp_only():
+    from pathlib import Path
+
+    from k3_sglang.serving.cli import sglang_argv
+
+    dcp = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2", "--dcp-size", "2"], on_cpu=True)
+    assert "--disable-radix-cache" in dcp
+    plain = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2"], on_cpu=True)
+    assert "--disable-radix-cache" not in plain
+    sglangs = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--dcp-size", "2"], on_cpu=False, portable=False)
+    assert "--disable-radix-cache" not in sglangs  # SGLang's own K3 keeps its radix cache under DCP

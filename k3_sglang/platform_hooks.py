@@ -1,0 +1,98 @@
+"""SGLang general plugin (`sglang.srt.plugins` entry point `k3_portable_dcp`): the narrow hooks that let SGLang's
+own DCP machinery (groups, widened virtual allocator, owner-filtered MLA writes) run for the portable K3 on CPU.
+
+SGLang 0.5.23 builds DCP groups, the virtual page allocator (page P * c, owner v mod c, physical v // c) and the
+owner-filtered `set_mla_kv_buffer` on every platform; three places gate it to GPU builds and are hooked here, only
+when both the k3_cpu platform and the portable model are selected (a CUDA host and plain `sglang serve` are never
+touched):
+
+1. `arg_groups.model_hook.collect_model_override_declarations` (the name its caller bound): for K3 architectures under `--dcp-size > 1` the
+   provider `_kimi_k3_overrides` forces the `cutedsl_mla`/`aiter` GPU decode backends and raises on any other. Our
+   model runs MLA attention itself (`k3_sglang.model.mla_attention`) and uses SGLang's pools only, so that provider
+   is left out of the call; every other provider still applies.
+2. `mem_cache.allocation._alloc_page_size`: under DCP the allocator's page is page_size * c; SGLang reads that only
+   when `_is_cuda or _is_hip or _is_xpu or _is_npu`, and on any other platform would allocate extend pages at the
+   tree's page size, misaligned with the widened allocator. The hook gives the allocator's page whenever DCP is on.
+
+3. `distributed.parallel_state.initialize_model_parallel` (called through `distributed.bootstrap`) refuses `decode_context_parallel_size > 1` unless
+   `is_hip() or is_cuda() or npu or xpu`; the group construction after that check is device-independent (gloo
+   here). The hook answers True to that module's `is_cuda` for the duration of this one call (the check is its
+   only use in the module) and restores it.
+
+`installed_hooks()` lists what `register()` installs (tested against the installed SGLang).
+"""
+from __future__ import annotations
+
+import os
+
+K3_ARCHITECTURES = ("KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM")
+DCP_OVERRIDE_PROVIDER = "_kimi_k3_overrides"
+OVERRIDES_TARGET = "sglang.srt.arg_groups.model_hook.collect_model_override_declarations"
+ALLOC_PAGE_TARGET = "sglang.srt.mem_cache.allocation._alloc_page_size"
+PARALLEL_INIT_TARGET = "sglang.srt.distributed.bootstrap.initialize_model_parallel"
+
+
+def active() -> bool:
+    """True when SGLang runs on our CPU platform with the portable model (what `k3 serve` sets on CPU)."""
+    from k3_sglang.platform import PLATFORM_NAME
+    from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
+
+    return (os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME
+            and os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE)
+
+
+def collect_overrides_without_gpu_dcp(original, *args, **kwargs):
+    """AROUND hook of (1): SGLang's override collection (architecture, server_args, hf_config) with the GPU-only
+    K3 DCP provider left out."""
+    from sglang.srt.arg_groups import model_override_base
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+
+    architecture = args[0] if args else kwargs.get("architecture")
+    server_args = args[1] if len(args) > 1 else kwargs.get("server_args")
+    providers = model_override_base._MODEL_OVERRIDE_FNS.get(architecture)
+    if architecture not in K3_ARCHITECTURES or not providers or resolving_view(server_args).dcp_size <= 1:
+        return original(*args, **kwargs)
+    saved = list(providers)
+    providers[:] = [fn for fn in saved if getattr(fn, "__name__", "") != DCP_OVERRIDE_PROVIDER]
+    try:
+        return original(*args, **kwargs)
+    finally:
+        providers[:] = saved
+
+
+def alloc_page_size(batch) -> int:
+    """REPLACE hook of (2): the allocator's (widened) page under DCP, the tree's page otherwise."""
+    from sglang.srt.runtime_context import get_parallel
+
+    if get_parallel().dcp_enabled:
+        return batch.tree_cache.token_to_kv_pool_allocator.page_size
+    return batch.tree_cache.page_size
+
+
+def init_parallel_with_cpu_dcp(original, *args, **kwargs):
+    """AROUND hook of (3): SGLang's group construction with its DCP platform check passed."""
+    from sglang.srt.distributed import parallel_state
+
+    saved = parallel_state.is_cuda
+    parallel_state.is_cuda = lambda: True
+    try:
+        return original(*args, **kwargs)
+    finally:
+        parallel_state.is_cuda = saved
+
+
+def installed_hooks():
+    """(target, hook, hook type name) of every hook `register` installs."""
+    return [(OVERRIDES_TARGET, collect_overrides_without_gpu_dcp, "AROUND"),
+            (ALLOC_PAGE_TARGET, alloc_page_size, "REPLACE"),
+            (PARALLEL_INIT_TARGET, init_parallel_with_cpu_dcp, "AROUND")]
+
+
+def register() -> None:
+    """Entry point: register the hooks with SGLang's HookRegistry (it applies them), or do nothing when inactive."""
+    if not active():
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, hook, kind in installed_hooks():
+        HookRegistry.register(target, hook, HookType[kind])

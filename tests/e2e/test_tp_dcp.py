@@ -1,0 +1,54 @@
+"""TP2 with DCP2 on real SGLang over gloo (two ranks on two cores) against the one-rank server of conftest.py
+(same chunks and the same per-rank pool, --max-total-tokens 8192): the MLA KV is striped by position across the two
+ranks, each rank attends its stripe and the partial attentions merge through their log-sum-exp. Slower sizes
+(TP2 alone, TP4/DCP4, DCP8) are in test_tp_dcp_slow.py."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from k3_sglang.serving.process import K3ServerProcess
+from tests.e2e.parallel_checks import (
+    assert_concurrent_match, assert_matches_tp1, generate, logical_kv_tokens, prompt,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+SAME_AS_TP1 = ["--dtype", "float32", "--chunked-prefill-size", "64", "--max-total-tokens", "8192"]
+
+
+def start_server(tiny_dir, tmp_path_factory, name: str, extra: list[str]) -> K3ServerProcess:
+    log = tmp_path_factory.mktemp(name) / "serve.log"
+    proc = K3ServerProcess(["--model-path", str(tiny_dir), *SAME_AS_TP1, *extra], log, env={"K3_MAX_N": "16"})
+    return proc.start(timeout_s=float(os.environ.get("K3_TEST_STARTUP_S", "400")))
+
+
+@pytest.fixture(scope="module")
+def dcp2(tiny_dir, tmp_path_factory):
+    proc = start_server(tiny_dir, tmp_path_factory, "serve-dcp2", ["--tp-size", "2", "--dcp-size", "2"])
+    yield proc
+    proc.stop()
+
+
+def test_dcp2_long_prompt_matches_tp1(server, dcp2, reference):
+    # 2,100 tokens in 64-token chunks: every later chunk attends the sharded prefix of the earlier ones
+    figures = assert_matches_tp1(server, dcp2, reference, prompt(2100, 11), 16)
+    print("DCP2 vs TP1:", {k: f"{v:.2e}" for k, v in figures.items()})
+
+
+def test_dcp2_eight_concurrent_requests_match_tp1(server, dcp2):
+    assert_concurrent_match(server, dcp2, count=8)
+
+
+def test_dcp2_follow_up_turn_and_one_token_prompt_match_tp1(server, dcp2):
+    first = prompt(900, 12)
+    out = generate(dcp2, first, 8)["output_ids"]
+    assert out == generate(server, first, 8)["output_ids"]
+    follow = first + out + prompt(120, 13)
+    assert generate(dcp2, follow, 8)["output_ids"] == generate(server, follow, 8)["output_ids"]
+    # one token: DCP rank 1 holds no key of it during the prefill
+    assert generate(dcp2, [5], 4)["output_ids"] == generate(server, [5], 4)["output_ids"]
+
+
+def test_dcp2_reports_twice_the_logical_kv_on_the_same_per_rank_pool(server, dcp2):
+    assert logical_kv_tokens(dcp2) == 2 * logical_kv_tokens(server) == 2 * 8192

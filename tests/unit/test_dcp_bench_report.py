@@ -1,0 +1,15 @@
+"""`k3 bench dcp`'s tables from measured cells (pure): medians, the read ratio by the busiest rank, capacity."""
+from __future__ import annotations
+
+from k3_sglang.bench.dcp import Cell
+from k3_sglang.bench.dcp_report import summarize
+
+
+def test_summary_reports_step_and_read_ratios_and_capacity():
+    cells = {("dcp1", 1000): Cell([10.0, 30.0, 20.0], [[1000, 1000]] * 3),
+             ("dcp2", 1000): Cell([12.0, 11.0, 13.0], [[500, 499]] * 3)}
+    text = summarize(cells, [1000], {"dcp1": 100, "dcp2": 200})
+    row = next(line for line in text.splitlines() if line.startswith("| 1000 |"))
+    assert "| 20.0 | 12.0 | 0.60 |" in row
+    assert "| 1000 / 1000 | 500 / 499 | 0.500 |" in row
+    assert "| dcp2 | 200 | 2.00x |" in text
