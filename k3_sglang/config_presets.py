@@ -83,4 +83,38 @@ def k3_tiny() -> K3Config:
     )
 
 
-PRESETS = {"k3-full": k3_full, "k3-tiny": k3_tiny}
+# k3-tiny-pp: the vocabulary covers the token ids SGLang's dynamic-chunking profiler feeds (0..9999).
+TINY_PP_VOCAB = 10240
+
+
+def k3_tiny_pp() -> K3Config:
+    """Benchmark-only (`k3 bench pp-prefill`): k3-tiny's widths with 16 layers (KDA x3 + MLA, four times: MLA 3, 7,
+    11, 15), so PP2 (8, 8) and PP4 (4 x 4) stages hold the same layers, and a 10,240-token vocabulary.
+
+    MLA has 8 heads (k3-tiny: 4) so that attention's quadratic cost is a larger share of a few-K-token prefill, as
+    it is for K3 at long context: SGLang's dynamic-chunking predictor fits that term on prefills of up to 1.25x the
+    base chunk and turns itself off when it comes out non-positive (measured on 2 shared cores: with 4 or 8 heads
+    at a 2048 base it does; 8 heads at a 4096 base fit)."""
+    import dataclasses
+
+    tiny = k3_tiny()
+    kda_ids, mla_ids = k3_layer_split(16)
+    bpe = TINY_PP_VOCAB - 256
+    return dataclasses.replace(
+        tiny, name="k3-tiny-pp", num_layers=16, vocab_size=TINY_PP_VOCAB,
+        tokens=TokenIds(bos=bpe + 0, eos=bpe + 2, pad=bpe + 255),
+        kda=dataclasses.replace(tiny.kda, layer_ids=kda_ids),
+        mla=dataclasses.replace(tiny.mla, num_heads=8, layer_ids=mla_ids))
+
+
+def k3_tiny_8h() -> K3Config:
+    """Test-only (`tests/e2e/test_tp_dcp_slow.py`): k3-tiny with 8 KDA and 8 MLA heads, so that --tp-size 8
+    --dcp-size 8 divides every head count."""
+    import dataclasses
+
+    tiny = k3_tiny()
+    return dataclasses.replace(tiny, name="k3-tiny-8h", kda=dataclasses.replace(tiny.kda, num_heads=8),
+                               mla=dataclasses.replace(tiny.mla, num_heads=8))
+
+
+PRESETS = {"k3-full": k3_full, "k3-tiny": k3_tiny, "k3-tiny-pp": k3_tiny_pp, "k3-tiny-8h": k3_tiny_8h}

@@ -8,6 +8,10 @@ Walk (per token, nothing persists across steps):
         live = (live or 0) + mixer_l(input_norm(h))
         live = live + ffn_l(post_norm(read(bank + [live], w_mlp[l])))
     out = read(bank + [live], w_out); logits = lm_head(final_norm(out))
+
+Under pipeline parallelism a stage runs layers [start, end) only: the first stage embeds, a later one starts
+from the (live, bank) the previous stage sent (`k3_sglang.parallel.pipeline`), and only the last one reads the
+output. Layers outside the stage are parameter-free placeholders, so parameter names stay global.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from k3_sglang.model.common import RMSNorm, WeightOnly
 from k3_sglang.model.ffn import LatentMoE, SiTUMLP
 from k3_sglang.model.kda_layer import KDAMixer
 from k3_sglang.model.mla_layer import MLAMixer
+from k3_sglang.parallel.pipeline import StageRange
 
 
 def attn_res(bank: list[torch.Tensor], live: torch.Tensor, norm: WeightOnly, proj: WeightOnly, eps: float) -> torch.Tensor:
@@ -68,22 +73,57 @@ class K3DecoderLayer(nn.Module):
         return live + self.ffn(self.post_attention_layernorm(h2))
 
 
-class K3Model(nn.Module):
-    """Embedding, 93 (or tiny: 9) decoder layers, the output AttnRes read and final norm."""
+class MissingLayer(nn.Module):
+    """Placeholder for a layer another pipeline stage runs (no parameters; never called)."""
 
-    def __init__(self, cfg: K3Config):
+    def __init__(self, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+
+    def forward(self, *_args, **_kwargs):
+        raise RuntimeError(f"layer {self.layer_id} belongs to another pipeline stage")
+
+
+class K3Model(nn.Module):
+    """Embedding, 93 (or tiny: 9) decoder layers, the output AttnRes read and final norm; under pipeline
+    parallelism only `stage`'s layers (the embedding on the first stage, the output read and norm on the last)."""
+
+    def __init__(self, cfg: K3Config, stage: StageRange | None = None):
         super().__init__()
         hidden = cfg.hidden_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, hidden)
-        self.layers = nn.ModuleList(K3DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(hidden, cfg.rms_norm_eps)
+        self.stage = stage or StageRange.whole(cfg.num_layers)
+        if self.stage.num_layers != cfg.num_layers:
+            raise ValueError(f"stage {self.stage} is not a split of this {cfg.num_layers}-layer model")
+        self.start_layer, self.end_layer = self.stage.start, self.stage.end
+        self.hidden_size = hidden
+        self.inherited_blocks = self.stage.inherited_blocks(cfg.attn_res.block_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, hidden) if self.stage.is_first else None
+        self.layers = nn.ModuleList(K3DecoderLayer(cfg, i) if i in self.stage else MissingLayer(i)
+                                    for i in range(cfg.num_layers))
         self.eps = cfg.rms_norm_eps
-        self.output_attn_res_norm = WeightOnly(hidden, fill=1.0)
-        self.output_attn_res_proj = WeightOnly(1, hidden)
+        if self.stage.is_last:
+            self.norm = RMSNorm(hidden, cfg.rms_norm_eps)
+            self.output_attn_res_norm = WeightOnly(hidden, fill=1.0)
+            self.output_attn_res_proj = WeightOnly(1, hidden)
 
-    def forward(self, input_ids: torch.Tensor, forward_batch, input_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        live = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        bank: list[torch.Tensor] = []
-        for layer in self.layers:
-            live = layer(live, bank, forward_batch)
+    def forward(self, input_ids: torch.Tensor, forward_batch, input_embeds: torch.Tensor | None = None,
+                carry: tuple[torch.Tensor, list[torch.Tensor]] | None = None):
+        """input_ids [T]. The first stage embeds them (or takes input_embeds [T, H]); a later stage continues
+        from carry = (live [T, H], bank: inherited_blocks x [T, H]). Returns the final hidden states [T, H] on
+        the last stage, else the (live, bank) to send on."""
+        if self.stage.is_first:
+            live = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+            bank: list[torch.Tensor] = []
+        else:
+            if carry is None:
+                raise ValueError(f"pipeline stage starting at layer {self.start_layer} needs the previous "
+                                 "stage's carry")
+            live, bank = carry[0], list(carry[1])
+            if len(bank) != self.inherited_blocks:
+                raise ValueError(f"pipeline stage starting at layer {self.start_layer} expects "
+                                 f"{self.inherited_blocks} AttnRes blocks, got {len(bank)}")
+        for i in range(self.start_layer, self.end_layer):
+            live = self.layers[i](live, bank, forward_batch)
+        if not self.stage.is_last:
+            return live, bank
         return self.norm(attn_res(bank, live, self.output_attn_res_norm, self.output_attn_res_proj, self.eps))

@@ -73,11 +73,13 @@ def tiny_state_dict(cfg: K3Config, seed: int = 0) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, with_tokenizer: bool = True) -> Path:
-    """Write the k3-tiny checkpoint to `out_dir` (created if needed) and return its path."""
+def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, with_tokenizer: bool = True,
+                          preset_name: str = "k3-tiny") -> Path:
+    """Write the k3-tiny checkpoint (or another small preset's, e.g. the bench-only k3-tiny-pp) to `out_dir`
+    (created if needed) and return its path."""
     from safetensors.torch import save_file
 
-    cfg = preset("k3-tiny")
+    cfg = preset(preset_name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     hf = cfg.to_hf()
