@@ -63,6 +63,8 @@ def _pd_args(instance: Instance, spec: PlanSpec) -> list[str]:
         return []
     args = ["--disaggregation-mode", instance.group.role, "--disaggregation-transfer-backend", "mooncake",
             "--disaggregation-bootstrap-port", str(instance.bootstrap_port)]
+    if instance.group.role == "decode" and spec.serving.decode_radix_cache:
+        args.append("--disaggregation-decode-enable-radix-cache")  # the plan counts S slots, not 1
     if spec.system.ib_devices and spec.system.network != "mnnvl":
         args += ["--disaggregation-ib-device", ",".join(spec.system.ib_devices)]
     return args
@@ -84,11 +86,18 @@ def serve_command(instance: Instance, spec: PlanSpec, model_path: str, node_rank
     return words
 
 
-def router_command(worker_urls: list[str], settings: LaunchSettings) -> list[str]:
-    """`k3 router` over every server (prefill first); the router reads each worker's role from it."""
+def router_command(workers: list[tuple[str, Instance]], settings: LaunchSettings) -> list[str]:
+    """`k3 router` over every server (prefill first): `--worker URL` for a unified server, and under PD
+    `--prefill URL BOOTSTRAP_PORT` / `--decode URL`, so the router pairs them (docs/pd.md)."""
     words = list(ROUTER)
-    for url in worker_urls:
-        words += ["--worker", url]
+    for url, instance in workers:
+        role = instance.group.role
+        if role == "prefill":
+            words += ["--prefill", url, str(instance.bootstrap_port)]
+        elif role == "decode":
+            words += ["--decode", url]
+        else:
+            words += ["--worker", url]
     return words + ["--host", LISTEN_HOST, "--port", str(settings.router_port)]
 
 

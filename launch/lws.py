@@ -71,8 +71,9 @@ def leader_worker_set(name: str, instance: Instance, result: PlanResult, setting
                      "leaderWorkerTemplate": template}}
 
 
-def _leader_urls(sets: list[tuple[str, Instance]], settings: LaunchSettings) -> list[str]:
-    return [f"http://{name}-{r}.{name}.{settings.namespace}.svc.cluster.local:{inst.port}"
+def _leaders(sets: list[tuple[str, Instance]], settings: LaunchSettings) -> list[tuple[str, Instance]]:
+    """(leader URL, the group's instance) of every replica; all replicas of a group share its ports."""
+    return [(f"http://{name}-{r}.{name}.{settings.namespace}.svc.cluster.local:{inst.port}", inst)
             for name, inst in sets for r in range(inst.group.replicas)]
 
 
@@ -86,14 +87,15 @@ def _wait_script(urls: list[str], timeout_s: int) -> str:
             "    fi\n    sleep 10\n  done\n  echo \"k3-launch: $url healthy\"\ndone\n")
 
 
-def router_manifests(base: str, urls: list[str], settings: LaunchSettings) -> list[dict[str, Any]]:
+def router_manifests(base: str, leaders: list[tuple[str, Instance]], settings: LaunchSettings) -> list[dict[str, Any]]:
     """Router Deployment (an init container waits for every leader's /health) and its Service."""
+    urls = [url for url, _ in leaders]
     labels = {"app.kubernetes.io/name": "k3-router", "k3/plan": base}
     pod = {"metadata": {"labels": labels},
            "spec": {"initContainers": [{"name": "wait-for-servers", "image": settings.image,
                                         "command": ["/bin/sh", "-c", _wait_script(urls, settings.health_timeout_s)]}],
                     "containers": [{"name": "k3-router", "image": settings.image,
-                                    "command": router_command(urls, settings),
+                                    "command": router_command(leaders, settings),
                                     "ports": [{"name": "http", "containerPort": settings.router_port}]}]}}
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
                   "metadata": {"name": f"{base}-router", "namespace": settings.namespace},
@@ -114,7 +116,7 @@ def render_lws(result: PlanResult, instances: list[Instance], settings: LaunchSe
     sets = [(f"{base}-{name}", inst) for name, inst in first_of_group.items()]
     docs = [compute_domain(result, nodes_used(instances))]
     docs += [leader_worker_set(name, inst, result, settings) for name, inst in sets]
-    docs += router_manifests(base, _leader_urls(sets, settings), settings)
+    docs += router_manifests(base, _leaders(sets, settings), settings)
     header = (f"# Rendered by `k3 launch render` from plan {result.spec.name!r} on {result.spec.system.name}; "
               "re-render, do not edit.\n# Needs the LeaderWorkerSet controller and NVIDIA's DRA driver "
               "(ComputeDomain) on the cluster.\n")

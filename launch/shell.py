@@ -96,5 +96,5 @@ def render_shell(result: PlanResult, instances: list[Instance], settings: Launch
     blocks += [_node_function(n, instances, result) for n in range(hosts)]
     blocks.append(_dispatch(hosts))
     blocks.append("\n".join(f'wait_healthy {i.name} "{_url(i)}"' for i in instances))
-    blocks.append(router_block(router_command([Raw(f'"{_url(i)}"') for i in instances], settings)))
+    blocks.append(router_block(router_command([(Raw(f'"{_url(i)}"'), i) for i in instances], settings)))
     return join_blocks(blocks)

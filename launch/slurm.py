@@ -78,5 +78,5 @@ def render_slurm(result: PlanResult, instances: list[Instance], settings: Launch
               FUNCTIONS, START_ON, _node_list(trays)]
     blocks += [_instance_block(i, result) for i in instances]
     blocks.append("\n".join(f'wait_healthy {i.name} "{_url(i)}"' for i in instances))
-    blocks.append(router_block(router_command([Raw(f'"{_url(i)}"') for i in instances], settings)))
+    blocks.append(router_block(router_command([(Raw(f'"{_url(i)}"'), i) for i in instances], settings)))
     return join_blocks(blocks)

@@ -26,6 +26,7 @@ SECTION_FLAGS = {
     "mamba_ratio": ("serving", "mamba_full_memory_ratio"),
     "mamba_strategy": ("serving", "mamba_radix_cache_strategy"), "page_size": ("serving", "page_size"),
     "draft_tokens": ("serving", "draft_tokens"), "max_running_requests": ("serving", "max_running_requests"),
+    "decode_radix_cache": ("serving", "decode_radix_cache"),
 }
 GROUP_FLAGS = ("tp", "dcp", "pp", "ep", "dp_attention", "replicas", "pp_layer_partition", "chunked_prefill_size")
 GROUP_INT_FIELDS = ("tp", "dcp", "pp", "ep", "dp_attention", "replicas", "chunked_prefill_size")
@@ -73,6 +74,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--page-size", type=int)
     work.add_argument("--draft-tokens", type=int)
     work.add_argument("--max-running-requests", type=int)
+    work.add_argument("--decode-radix-cache", action="store_const", const=True, default=None,
+                      help="PD decode servers keep a radix cache (--disaggregation-decode-enable-radix-cache): "
+                           "S state slots per request as unified, instead of 1")
 
 
 def parse_group_flag(role: str, text: str) -> dict[str, Any]:

@@ -128,7 +128,7 @@ def _notes(group: Group, spec: PlanSpec) -> tuple[str, ...]:
 
 def plan_group(model: K3Config, group: Group, spec: PlanSpec) -> GroupPlan:
     """Size one group: every PP stage, under the configured or the balanced state/KV ratio."""
-    slots = spec.serving.state_slots_per_request(group.overlap_schedule)
+    slots = spec.serving.state_slots_per_request(group.overlap_schedule, group.role)
     exact = group_balanced_ratio(model, group, spec, slots)
     ratio = solved_ratio(exact) if spec.serving.auto_ratio else float(spec.serving.mamba_full_memory_ratio)
     ranges = stage_layer_ranges(model.num_layers, group)

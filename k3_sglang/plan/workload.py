@@ -55,6 +55,7 @@ class Serving:
     draft_tokens: int = 0
     max_running_requests: int | None = None
     replicate_q_proj: bool = True
+    decode_radix_cache: bool = False  # PD decode servers: --disaggregation-decode-enable-radix-cache
 
     def __post_init__(self) -> None:
         require_float("mem_fraction_static", self.mem_fraction_static, 0.0, 1.0)
@@ -66,14 +67,20 @@ class Serving:
         if self.max_running_requests is not None:
             require_int("max_running_requests", self.max_running_requests)
         require_bool("replicate_q_proj", self.replicate_q_proj)
+        require_bool("decode_radix_cache", self.decode_radix_cache)
 
     @property
     def auto_ratio(self) -> bool:
         """True when the state/KV ratio is solved from the workload."""
         return self.mamba_full_memory_ratio == AUTO
 
-    def state_slots_per_request(self, overlap: bool) -> int:
-        """KDA state slots one running request holds (S): 5 with extra_buffer + overlap, 4 lazy or no overlap."""
+    def state_slots_per_request(self, overlap: bool, role: str = "unified") -> int:
+        """KDA state slots one running request holds (S), SGLang 0.5.23's `_calculate_mamba_ratio`:
+        5 with extra_buffer + overlap, 4 lazy or no overlap, 3 no_buffer; and 1 on a PD decode server,
+        which runs without a radix cache unless `decode_radix_cache` (`pd_disaggregation_hook.py` sets
+        `disable_radix_cache`, and the ratio is then 1: one state slot per running request)."""
+        if role == "decode" and not self.decode_radix_cache:
+            return 1
         if self.mamba_radix_cache_strategy == "no_buffer":
             tracking = 0
         elif self.mamba_radix_cache_strategy == "extra_buffer_lazy" or not overlap:
@@ -88,4 +95,4 @@ class Serving:
                 "mamba_full_memory_ratio": self.mamba_full_memory_ratio,
                 "mamba_radix_cache_strategy": self.mamba_radix_cache_strategy, "page_size": self.page_size,
                 "draft_tokens": self.draft_tokens, "max_running_requests": self.max_running_requests,
-                "replicate_q_proj": self.replicate_q_proj}
+                "replicate_q_proj": self.replicate_q_proj, "decode_radix_cache": self.decode_radix_cache}

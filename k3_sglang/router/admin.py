@@ -8,6 +8,7 @@ reconfigured by anyone who can reach it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 from typing import Any
@@ -15,10 +16,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from k3_sglang.router.capacity import fetch_models, fetch_reported_capacity, resolve_capacity
+from k3_sglang.router.capacity import WorkerReport, fetch_models, fetch_worker_report, resolve_capacity
 from k3_sglang.router.config import ConfigError, WorkerSpec, normalize_worker_url
 from k3_sglang.router.errors import RouterHTTPError
+from k3_sglang.router.fleet import leg_session_id
 from k3_sglang.router.health import HealthCounter
+from k3_sglang.router.pd import layout_mismatch
 from k3_sglang.router.proxy import RouterState
 
 log = logging.getLogger("k3.router.admin")
@@ -34,18 +37,50 @@ async def register_worker(state: RouterState, spec: WorkerSpec) -> dict[str, Any
 
 
 async def refresh_capacity(state: RouterState, spec: WorkerSpec) -> bool:
-    """(Re)read a worker's reported capacities and apply them; True when something changed."""
-    reported = await fetch_reported_capacity(state.control, spec.url, state.config.reliability.health_timeout_s)
+    """(Re)read a worker's reported capacities and PD facts and apply them; True when something changed."""
+    report = await fetch_worker_report(state.control, spec.url, state.config.reliability.health_timeout_s)
+    reported = report.capacity
     known = state.core.fleet.workers.get(spec.url)
     if known is not None and not any(reported.values()):
         return False  # the worker did not answer: keep what we have
     capacity = resolve_capacity(spec, reported, state.config.policy)
+    changed = apply_pd_facts(state, spec, report)
     if known is not None and (known.kv_capacity, known.state_slots) == (capacity.kv_tokens, capacity.state_slots):
-        return False
+        return changed
     state.specs[spec.url] = spec
-    state.core.add_worker(spec.url, capacity)
-    log.info("worker %s: kv_tokens=%d state_slots=%d prefill_tps=%.0f (reported %s)",
-             spec.url, capacity.kv_tokens, capacity.state_slots, capacity.prefill_tps, reported)
+    worker = state.core.add_worker(spec.url, capacity, spec.role)
+    if known is None:
+        apply_pd_facts(state, spec, report)
+    log.info("worker %s (%s): kv_tokens=%d state_slots=%d prefill_tps=%.0f (reported %s)",
+             spec.url, worker.role, capacity.kv_tokens, capacity.state_slots, capacity.prefill_tps, reported)
+    return True
+
+
+def apply_pd_facts(state: RouterState, spec: WorkerSpec, report: WorkerReport) -> bool:
+    """Record a worker's reported role, bootstrap port and KV layout; refuse a role that contradicts its
+    registration, and log every decode/prefill pair whose KV layouts differ. True when something changed."""
+    worker = state.core.fleet.workers.get(spec.url)
+    if worker is None:
+        return False
+    refusal = ""
+    if report.role is not None and report.role != spec.role:
+        flag = {"mixed": "--worker", "prefill": "--prefill", "decode": "--decode"}[report.role]
+        mode = "null" if report.role == "mixed" else report.role
+        refusal = (f"{spec.url} is registered as {spec.role} but reports disaggregation_mode {mode}: "
+                   f"pass it with {flag}")
+    port = spec.bootstrap_port or report.bootstrap_port
+    layout = report.layout or worker.layout
+    if (worker.refusal, worker.bootstrap_port, worker.layout) == (refusal, port, layout):
+        return False
+    if refusal and refusal != worker.refusal:
+        log.error("refusing worker: %s", refusal)
+    worker.refusal, worker.bootstrap_port, worker.layout = refusal, port, layout
+    for other in state.core.fleet.workers.values():
+        if {worker.role, other.role} == {"prefill", "decode"}:
+            p, d = (worker, other) if worker.role == "prefill" else (other, worker)
+            why = layout_mismatch(p.worker_id, p.layout, d.worker_id, d.layout)
+            if why:
+                log.error("these PD servers cannot pair: %s", why)
     return True
 
 
@@ -66,8 +101,10 @@ def describe_worker(state: RouterState, worker_id: str) -> dict[str, Any]:
     """JSON view of one worker's state."""
     w = state.core.fleet.workers[worker_id]
     breaker = state.core.breakers[worker_id]
+    pd = {"refusal": w.refusal or None, "bootstrap_port": w.bootstrap_port,
+          "kv_layout": None if w.layout is None else dataclasses.asdict(w.layout)} if w.role != "mixed" else {}
     return {
-        "url": w.worker_id, "role": w.role, "healthy": w.healthy, "breaker": breaker.state,
+        "url": w.worker_id, "role": w.role, **pd, "healthy": w.healthy, "breaker": breaker.state,
         "kv_capacity_tokens": w.kv_capacity, "state_slots": w.state_slots, "prefill_tokens_per_s": w.prefill_tps,
         "resident_tokens": w.resident_tokens, "resident_sessions": w.resident_sessions,
         "active_tokens": w.active_tokens, "inflight_prefill_tokens": w.inflight_prefill_tokens,
@@ -128,6 +165,9 @@ def add_admin_routes(router: web.UrlDispatcher, state: RouterState) -> None:
             raise RouterHTTPError(400, f"bad worker: {exc}", "invalid_worker") from None
         if spec.url in state.core.fleet.workers:
             raise RouterHTTPError(409, f"worker {spec.url} already registered", "worker_exists")
+        if (spec.role != "mixed") != state.config.disaggregated:
+            mode = "PD (prefill/decode workers)" if state.config.disaggregated else "mixed workers"
+            raise RouterHTTPError(400, f"bad worker: role {spec.role} in a router of {mode}", "invalid_worker")
         described = await register_worker(state, spec)
         await refresh_models(state)
         return web.json_response(described, status=201)
@@ -146,8 +186,10 @@ def add_admin_routes(router: web.UrlDispatcher, state: RouterState) -> None:
         record = state.core.fleet.session(session_id)
         if record is None:
             raise RouterHTTPError(404, f"unknown session {session_id}", "session_not_found")
+        prefill_leg = state.core.fleet.session(leg_session_id(session_id, "prefill"))
+        pd = {"prefill_worker": prefill_leg.worker_id if prefill_leg else None} if state.config.disaggregated else {}
         return web.json_response({
-            "session_id": record.session_id, "worker": record.worker_id, "context_tokens": record.context_tokens,
+            "session_id": record.session_id, "worker": record.worker_id, **pd, "context_tokens": record.context_tokens,
             "resident_tokens": record.resident_tokens, "inflight": record.inflight, "turns": record.turns,
             "moves": record.moves, "idle_s": round(max(0.0, state.now() - record.last_seen), 3),
         })

@@ -1,7 +1,7 @@
 """The router's HTTP surface (aiohttp.web). Thin: parse, authorize, check, hand off to `proxy`.
 
 Client endpoints (behind `--api-key` when set): POST /v1/chat/completions, /v1/completions,
-/generate; GET /v1/models. Probes: GET /health, /liveness (router alive), /readiness (a worker can
+/generate (through a prefill/decode pair under PD, `pd_proxy`); GET /v1/models. Probes: GET /health, /liveness (router alive), /readiness (a worker can
 take traffic), /metrics. Admin (behind `--admin-key`): GET/POST/DELETE /workers,
 GET/DELETE /sessions/{id}. Every error is an OpenAI-style JSON body.
 
@@ -25,7 +25,10 @@ from k3_sglang.router.config import RouterConfig
 from k3_sglang.router.core import RouterCore
 from k3_sglang.router.errors import HTTP_ERROR_CODES, RouterHTTPError, error_response
 from k3_sglang.router.health import health_loop
+from k3_sglang.router.fleet import DECODE, PREFILL
 from k3_sglang.router.metrics import RouterMetrics
+from k3_sglang.router.pd import layout_mismatch
+from k3_sglang.router.pd_proxy import forward_pd, pairing_problem, role_problem
 from k3_sglang.router.proxy import RouterState, forward
 from k3_sglang.router.session_key import BadRequest, request_facts
 
@@ -160,7 +163,10 @@ def _add_client_routes(app: web.Application, state: RouterState) -> None:
         if facts.model is not None and state.models and facts.model not in state.models:
             raise RouterHTTPError(404, f"model {facts.model!r} not served; see /v1/models", "model_not_found")
         try:
-            response = await forward(state, request, body, facts)
+            if config.disaggregated:
+                response = await forward_pd(state, request, parsed, facts)
+            else:
+                response = await forward(state, request, body, facts)
         except RouterHTTPError as exc:
             state.metrics.count(state.metrics.requests, request.path, str(exc.status))
             raise
@@ -177,8 +183,21 @@ def _add_client_routes(app: web.Application, state: RouterState) -> None:
         return web.json_response({"status": "ok", "workers": len(state.core.fleet.workers), "healthy_workers": healthy})
 
     async def readiness(_: web.Request) -> web.Response:
-        ready = bool(state.core.eligible_workers(state.now()))
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
+        if not config.disaggregated:
+            ready = bool(state.core.eligible_workers(state.now()))
+            return web.json_response({"ready": ready}, status=200 if ready else 503)
+        # PD (as SMG): ready when an eligible prefill server and an eligible decode server can pair
+        now = state.now()
+        prefills = state.core.eligible_workers(now, role=PREFILL)
+        decodes = state.core.eligible_workers(now, role=DECODE)
+        pairable = [d for d in decodes if any(not layout_mismatch(p.worker_id, p.layout, d.worker_id, d.layout)
+                                              for p in prefills)]
+        body = {"ready": bool(pairable), "prefill_workers": len(prefills), "decode_workers": len(decodes),
+                "pairable_decode_workers": len(pairable)}
+        problem = role_problem(state) or pairing_problem(state)
+        if problem:
+            body["pairing_problem"] = problem
+        return web.json_response(body, status=200 if pairable else 503)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=state.metrics.render(state.core),

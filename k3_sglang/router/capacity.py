@@ -3,6 +3,8 @@
 Fields read (SGLang 0.5.23):
 - `/get_server_info`: `max_total_num_tokens` (KV tokens, already *logical*: rows per rank x DCP),
   `dcp_size`, `max_mamba_cache_size` (KDA/linear-attention state slots) else `max_running_requests`;
+  and for PD: `disaggregation_mode`, `disaggregation_bootstrap_port`, `page_size`, `kv_cache_dtype`,
+  `dtype`, `disaggregation_transfer_backend`;
 - `/v1/loads` -> `loads[]` per DP rank: `max_total_num_tokens` (logical), `max_running_requests`,
   `num_waiting_uncached_tokens`, `num_waiting_reqs`, `num_running_reqs`.
 So a reported KV capacity is used as is; only a config-file `kv_tokens` (per rank, as SGLang's
@@ -20,9 +22,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from k3_sglang.router.config import PolicyConfig, WorkerSpec
+from k3_sglang.router.config import DECODE, PREFILL, PolicyConfig, WorkerSpec
 from k3_sglang.router.core import Capacity
 from k3_sglang.router.cost_model import kv_capacity_tokens
+from k3_sglang.router.pd import KVLayout, layout_from_server_info, reported_bootstrap_port, reported_role
 
 CONTROL_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError)
 
@@ -97,17 +100,38 @@ async def get_json(session: aiohttp.ClientSession, url: str, timeout_s: float) -
         return 0, None
 
 
-async def fetch_reported_capacity(session: aiohttp.ClientSession, url: str, timeout_s: float) -> dict[str, int | None]:
-    """Ask a worker for its capacities; unknown ones come back as None."""
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """What a worker says about itself: capacities (None: unknown), and its PD role, bootstrap port and KV layout."""
+
+    capacity: dict[str, int | None]
+    role: str | None = None
+    bootstrap_port: int | None = None
+    layout: KVLayout | None = None
+
+
+async def fetch_worker_report(session: aiohttp.ClientSession, url: str, timeout_s: float) -> WorkerReport:
+    """Ask a worker for its capacities and PD facts.
+
+    A PD server's running-request cap (`/v1/loads` `max_running_requests`) is its state-slot ceiling:
+    a decode server runs without a radix cache, one KDA slot per request, up to that cap; a prefill
+    server's cap is its mamba pool divided by SGLang's slots per request."""
     _, info = await get_json(session, f"{url}/get_server_info", timeout_s)
     if info is None:
         _, info = await get_json(session, f"{url}/server_info", timeout_s)
     reported = parse_server_info(info)
-    if reported["kv_tokens"] is None or reported["state_slots"] is None:
+    role = reported_role(info)
+    if reported["kv_tokens"] is None or reported["state_slots"] is None or role in (PREFILL, DECODE):
         loads = parse_loads((await get_json(session, f"{url}/v1/loads", timeout_s))[1])
         reported["kv_tokens"] = reported["kv_tokens"] or loads.max_total_num_tokens
-        reported["state_slots"] = reported["state_slots"] or loads.max_running_requests
-    return reported
+        slots = [v for v in (reported["state_slots"], loads.max_running_requests) if v]
+        reported["state_slots"] = (min(slots) if role in (PREFILL, DECODE) else slots[0]) if slots else None
+    return WorkerReport(reported, role, reported_bootstrap_port(info), layout_from_server_info(info))
+
+
+async def fetch_reported_capacity(session: aiohttp.ClientSession, url: str, timeout_s: float) -> dict[str, int | None]:
+    """Ask a worker for its capacities; unknown ones come back as None."""
+    return (await fetch_worker_report(session, url, timeout_s)).capacity
 
 
 async def fetch_models(session: aiohttp.ClientSession, url: str, timeout_s: float) -> list[dict]:

@@ -2,6 +2,7 @@
 
     k3 router --worker http://127.0.0.1:30000 --worker http://127.0.0.1:30001 [--config workers.yaml]
               [--host 127.0.0.1] [--port 30080] [--admin-key KEY] [--api-key KEY]
+    k3 router --prefill http://127.0.0.1:30000 [8998] --decode http://127.0.0.1:30001   (PD disaggregation)
     k3 router replay TRACE.jsonl [--json] [--workers 4] [--kv-tokens N] [--state-slots N] ...
     k3 router make-trace shared-prompt|tool-agent --out FILE [--sessions N] [--arrival-gap S] [--seed N]
 """
@@ -43,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the router service."""
     parser.add_argument("--worker", action="append", default=[], metavar="URL", help="SGLang worker URL (repeat)")
+    parser.add_argument("--prefill", action="append", default=[], nargs="+", metavar=("URL", "BOOTSTRAP_PORT"),
+                        help="PD prefill server, optionally with its --disaggregation-bootstrap-port "
+                             "(default: read from the server) (repeat)")
+    parser.add_argument("--decode", action="append", default=[], metavar="URL", help="PD decode server (repeat)")
     parser.add_argument("--config", metavar="YAML", help="config file (workers, capacities, policy, reliability)")
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default 30080)")
@@ -57,13 +62,14 @@ def build_serve_config(args: argparse.Namespace) -> RouterConfig:
     """Merge the config file and flags (flags win); CliError on bad input."""
     try:
         config = load_config_file(args.config) if args.config else RouterConfig()
-        extra = tuple(WorkerSpec(url=url) for url in args.worker)
+        extra = tuple(WorkerSpec(url=url) for url in args.worker) + _pd_specs(args.prefill, args.decode)
     except ConfigError as exc:
         raise _cli_error(str(exc)) from None
     known = {w.url for w in config.workers}
     workers = config.workers + tuple(w for w in extra if w.url not in known)
     if not workers:
-        raise _cli_error("no workers: pass --worker URL (repeatable) or --config FILE with a workers list")
+        raise _cli_error("no workers: pass --worker URL (repeatable), or --prefill URL and --decode URL for PD, "
+                         "or --config FILE with a workers list")
     if args.port is not None and not 0 <= args.port <= 65535:
         raise _cli_error(f"--port must be 0..65535, got {args.port}")
     policy = config.policy
@@ -76,7 +82,49 @@ def build_serve_config(args: argparse.Namespace) -> RouterConfig:
         raise _cli_error(str(exc)) from None
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("admin_key", args.admin_key),
                                    ("api_key", args.api_key)) if v is not None}
-    return dataclasses.replace(config, workers=workers, policy=policy, **overrides)
+    try:
+        return dataclasses.replace(config, workers=workers, policy=policy, **overrides)
+    except ConfigError as exc:
+        raise _cli_error(str(exc)) from None
+
+
+def _pd_specs(prefill: list[list[str]], decode: list[str]) -> tuple[WorkerSpec, ...]:
+    """WorkerSpecs of `--prefill URL [BOOTSTRAP_PORT]` and `--decode URL` (ConfigError when malformed)."""
+    specs = []
+    for words in prefill:
+        if len(words) > 2:
+            raise ConfigError(f"--prefill takes URL [BOOTSTRAP_PORT], got {' '.join(words)!r}")
+        port = None
+        if len(words) == 2:
+            if not words[1].isdigit():
+                raise ConfigError(f"--prefill {words[0]}: bootstrap port must be a number, got {words[1]!r}")
+            port = int(words[1])
+        specs.append(WorkerSpec(url=words[0], role="prefill", bootstrap_port=port))
+    return tuple(specs) + tuple(WorkerSpec(url=url, role="decode") for url in decode)
+
+
+def preflight(config: RouterConfig, timeout_s: float = 3.0) -> None:
+    """Ask every worker what it is before serving; CliError for a role or KV-layout problem that is certain.
+    Workers that do not answer are judged later, when they come up (at pairing)."""
+    import concurrent.futures
+
+    import httpx
+
+    from k3_sglang.router.pd import preflight_problems
+
+    def info(url: str):
+        try:
+            response = httpx.get(url + "/get_server_info", timeout=timeout_s, trust_env=False)
+            return response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    urls = [w.url for w in config.workers]
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(urls))) as pool:
+        infos = dict(zip(urls, pool.map(info, urls)))
+    problems = preflight_problems([(w.url, w.role) for w in config.workers], infos)
+    if problems:
+        raise _cli_error("; ".join(problems))
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -87,11 +135,17 @@ def run_serve(args: argparse.Namespace) -> int:
     from k3_sglang.router.threaded import new_event_loop
 
     config = build_serve_config(args)
+    preflight(config)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("k3.router")
     if config.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
         log.warning("binding %s without --api-key: client endpoints are open", config.host)
-    ready = f"k3 router on http://{config.host}:{config.port} in front of {len(config.workers)} worker(s)"
+    if config.disaggregated:
+        roles = [w.role for w in config.workers]
+        fleet = f"{roles.count('prefill')} prefill and {roles.count('decode')} decode server(s) (PD)"
+    else:
+        fleet = f"{len(config.workers)} worker(s)"
+    ready = f"k3 router on http://{config.host}:{config.port} in front of {fleet}"
     web.run_app(create_app(config), host=config.host, port=config.port, access_log=None, keepalive_timeout=75,
                 shutdown_timeout=5, loop=new_event_loop(), print=lambda *_: print(ready, flush=True))
     return 0

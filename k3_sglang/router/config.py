@@ -15,6 +15,8 @@ A YAML file mirrors the dataclasses one to one:
 
 Fields left out of a worker are read from the worker (`/get_server_info`, `/v1/loads`) and
 refreshed while the router runs; the worker reports KV capacity in logical tokens (DCP included).
+PD disaggregation: workers with `role: prefill` (optionally `bootstrap_port`, else read from the
+server) and `role: decode`, never mixed with `role: mixed` ones (docs/pd.md).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class ConfigError(ValueError):
     """A configuration value or file is wrong; the message says which and why."""
 
 
+MIXED, PREFILL, DECODE = "mixed", "prefill", "decode"
+ROLES = (MIXED, PREFILL, DECODE)
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """One SGLang worker. Unset capacities are discovered from the worker itself."""
@@ -40,6 +46,8 @@ class WorkerSpec:
     dcp_size: int | None = None
     state_slots: int | None = None
     prefill_tokens_per_s: float | None = None
+    role: str = MIXED  # mixed (prefill and decode on one server), or a PD prefill / decode server
+    bootstrap_port: int | None = None  # prefill only: its --disaggregation-bootstrap-port (else read)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", normalize_worker_url(self.url))
@@ -47,6 +55,14 @@ class WorkerSpec:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
                 raise ConfigError(f"worker {self.url}: {name} must be a positive number, got {value!r}")
+        if self.role not in ROLES:
+            raise ConfigError(f"worker {self.url}: role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        port = self.bootstrap_port
+        if port is not None:
+            if self.role != PREFILL:
+                raise ConfigError(f"worker {self.url}: bootstrap_port is a prefill server's setting (role {self.role})")
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+                raise ConfigError(f"worker {self.url}: bootstrap_port must be 1..65535, got {port!r}")
 
 
 @dataclass(frozen=True)
@@ -137,6 +153,25 @@ class RouterConfig:
     admin_key: str | None = None
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        check_roles(self.workers)
+
+    @property
+    def disaggregated(self) -> bool:
+        """True when the workers are PD prefill and decode servers."""
+        return any(w.role != MIXED for w in self.workers)
+
+
+def check_roles(workers: tuple[WorkerSpec, ...]) -> None:
+    """PD needs prefill and decode servers and no mixed ones beside them (ConfigError otherwise)."""
+    roles = {w.role for w in workers}
+    if MIXED in roles and len(roles) > 1:
+        raise ConfigError("mixed workers (--worker) and PD workers (--prefill/--decode) cannot be combined: "
+                          "a PD server only serves requests that carry bootstrap fields")
+    if roles in ({PREFILL}, {DECODE}):
+        missing = DECODE if PREFILL in roles else PREFILL
+        raise ConfigError(f"PD disaggregation needs at least one {missing} server (--{missing} URL)")
 
 
 def _not_number(value: Any) -> bool:

@@ -4,10 +4,17 @@
 The HTTP layer and the trace replay both identify sessions through `RouterCore.identify`, place
 requests through `RouterCore.route` and close them through `RouterCore.complete`, so the replay
 measures exactly the code that serves.
+
+Under PD each request is routed twice, once per role: `route(..., role=DECODE)` places the session
+on its decode server (the session's home, found by the session index), `route(..., role=PREFILL)`
+on a prefill server, under the prefill leg's own session key so the prefill radix cache keeps its
+affinity independently (SMG namespaces its sticky keys per leg the same way). Decode servers run
+without a radix cache, so the prefix index is neither consulted nor fed for them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -15,7 +22,7 @@ from dataclasses import dataclass
 
 from k3_sglang.router.breaker import CircuitBreaker
 from k3_sglang.router.config import PolicyConfig, ReliabilityConfig
-from k3_sglang.router.fleet import MIXED, Fleet, Ticket, WorkerState
+from k3_sglang.router.fleet import DECODE, MIXED, PREFILL, Fleet, Ticket, WorkerState, leg_session_id
 from k3_sglang.router.policy import MOVE, UNAVAILABLE, Decision, RouteRequest, decide
 from k3_sglang.router.prefill_rate import PrefillRate, informative
 from k3_sglang.router.prefix import PrefixIndex
@@ -48,12 +55,12 @@ class RouterCore:
         self._new_sessions = 0
 
     # ---- workers -------------------------------------------------------------------------
-    def add_worker(self, worker_id: str, capacity: Capacity) -> WorkerState:
+    def add_worker(self, worker_id: str, capacity: Capacity, role: str = MIXED) -> WorkerState:
         """Register a worker, or update the capacities of a known one (a learned prefill rate is kept)."""
         known = worker_id in self.fleet.workers
         tps = self.fleet.workers[worker_id].prefill_tps if known and worker_id in self.prefill_rates else None
         state = self.fleet.add_worker(worker_id, capacity.kv_tokens, capacity.state_slots,
-                                      tps if tps is not None else capacity.prefill_tps)
+                                      tps if tps is not None else capacity.prefill_tps, role)
         if not known:
             r = self.reliability
             self.breakers[worker_id] = CircuitBreaker(r.breaker_failure_threshold, r.breaker_success_threshold,
@@ -68,28 +75,34 @@ class RouterCore:
         self.prefill_rates.pop(worker_id, None)
 
     def eligible_workers(self, now: float, exclude: Sequence[str] = (), role: str = MIXED) -> list[WorkerState]:
-        """Workers a request may go to now: healthy, not back-pressuring, breaker allowing, not excluded."""
+        """Workers of `role` a request may go to now: healthy, not refused, not back-pressuring, breaker
+        allowing, not excluded."""
         return [
             w for w in self.fleet.workers.values()
-            if w.healthy and w.role == role and w.worker_id not in exclude and w.backpressure_until <= now
-            and self.breakers[w.worker_id].can_dispatch(now)
+            if w.healthy and w.role == role and not w.refusal and w.worker_id not in exclude
+            and w.backpressure_until <= now and self.breakers[w.worker_id].can_dispatch(now)
         ]
 
-    def unavailable_reason(self, now: float, exclude: Sequence[str] = ()) -> tuple[str, float]:
-        """Why no worker is eligible, and the seconds after which a retry may succeed."""
-        workers = [w for w in self.fleet.workers.values() if w.worker_id not in exclude]
+    def unavailable_reason(self, now: float, exclude: Sequence[str] = (), role: str = MIXED) -> tuple[str, float]:
+        """Why no worker of `role` is eligible, and the seconds after which a retry may succeed."""
+        of_role = [w for w in self.fleet.workers.values() if w.role == role]
+        what = "worker" if role == MIXED else f"{role} worker"
+        refused = [w for w in of_role if w.refusal]
+        if refused and len(refused) == len(of_role):
+            return f"no usable {what}: " + "; ".join(w.refusal for w in refused), float(self.policy.retry_after_s)
+        workers = [w for w in of_role if w.worker_id not in exclude and not w.refusal]
         if exclude and not workers:
-            return "all workers failed for this request", float(self.policy.retry_after_s)
+            return f"all {what}s failed for this request", float(self.policy.retry_after_s)
         healthy = [w for w in workers if w.healthy]
         if not healthy:
-            return "no healthy worker", float(self.policy.retry_after_s)
+            return f"no healthy {what}", float(self.policy.retry_after_s)
         pressured = [w.backpressure_until - now for w in healthy if w.backpressure_until > now]
         if len(pressured) == len(healthy):
-            return "every healthy worker is back-pressuring (429)", max(1.0, min(pressured))
+            return f"every healthy {what} is back-pressuring (429)", max(1.0, min(pressured))
         states = {self.breakers[w.worker_id].state for w in healthy}
         if states == {"open"}:
-            return "circuit open on every healthy worker", float(self.policy.retry_after_s)
-        return "workers recovering: half-open trial limit reached", 1.0
+            return f"circuit open on every healthy {what}", float(self.policy.retry_after_s)
+        return f"{what}s recovering: half-open trial limit reached", 1.0
 
     def backpressure(self, worker_id: str, until: float) -> None:
         """A worker answered 429: keep new requests off it until `until` (not a breaker failure)."""
@@ -108,9 +121,10 @@ class RouterCore:
         return f"auto-{tail:012x}-{self._new_sessions:x}", "new"
 
     def close_session(self, session_id: str) -> bool:
-        """Forget a session (admin close); in-flight tickets still close cleanly afterwards."""
+        """Forget a session, both PD legs (admin close); in-flight tickets still close cleanly afterwards."""
         self.sessions.forget(session_id)
-        return self.fleet.close_session(session_id) is not None
+        prefill_leg = self.fleet.close_session(leg_session_id(session_id, PREFILL)) is not None
+        return self.fleet.close_session(session_id) is not None or prefill_leg
 
     def expire_sessions(self, now: float) -> int:
         """Expire idle sessions past the TTL; return how many expired."""
@@ -126,14 +140,20 @@ class RouterCore:
         prefix_hashes: Sequence[int],
         now: float,
         exclude: Sequence[str] = (),
+        role: str = MIXED,
     ) -> tuple[Decision, Ticket | None]:
-        """Decide where a request goes and, if placed, bind its session and open its ticket."""
+        """Decide where a request goes among the workers of `role` and, if placed, bind its session (that
+        leg's record) and open its ticket."""
+        if role == PREFILL:
+            request = dataclasses.replace(request, session_id=leg_session_id(request.session_id, PREFILL))
         record = self.fleet.session(request.session_id)
-        workers = self.eligible_workers(now, exclude)
+        workers = self.eligible_workers(now, exclude, role)
         if not workers:
-            reason, retry_after = self.unavailable_reason(now, exclude)
+            reason, retry_after = self.unavailable_reason(now, exclude, role)
             self.placements[UNAVAILABLE] += 1
             return Decision(UNAVAILABLE, None, float("inf"), 0, request.context_tokens, reason, retry_after), None
+        if role == DECODE:
+            prefix_hashes = ()  # no radix cache on a PD decode server: nothing to predict or match
         mask = 0
         for w in workers:
             mask |= 1 << w.bit
@@ -142,9 +162,10 @@ class RouterCore:
         self.placements[decision.kind] += 1
         if not decision.placed:
             return decision, None
-        return decision, self._admit(decision, request, prefix_hashes, now)
+        return decision, self._admit(decision, request, prefix_hashes, now, record_identity=role != PREFILL)
 
-    def _admit(self, decision: Decision, request: RouteRequest, prefix_hashes: Sequence[int], now: float) -> Ticket:
+    def _admit(self, decision: Decision, request: RouteRequest, prefix_hashes: Sequence[int], now: float,
+               record_identity: bool = True) -> Ticket:
         worker = self.fleet.workers[decision.worker_id]
         record = self.fleet.session(request.session_id)
         is_home = record is not None and record.worker_id == worker.worker_id
@@ -159,7 +180,8 @@ class RouterCore:
         record = self.fleet.bind(request.session_id, worker.worker_id, need, now)
         record.context_tokens = request.context_tokens
         self.prefix.insert(prefix_hashes, worker.bit)
-        self.sessions.record(request.session_id, request.session_keys, move_tip=request.derived)
+        if record_identity:
+            self.sessions.record(request.session_id, request.session_keys, move_tip=request.derived)
         ticket = self.fleet.open_ticket(record, decision.uncached_tokens, need, request.context_tokens, now)
         ticket.trial = self.breakers[worker.worker_id].on_dispatch()
         return ticket

@@ -8,8 +8,11 @@ Accounting per worker (all in tokens unless named otherwise):
   so this is also the count of state slots that cannot be freed;
 - `reported_*`: the worker's own `/v1/loads` figures (summed over DP ranks), refreshed by probes.
 A `Ticket` is opened per dispatched request and closed exactly once on every path.
-A worker has a `role` (today always `mixed`: prefill and decode on one engine); the placement
-filters by it so prefill/decode pools can be added beside mixed ones.
+A worker has a `role`: `mixed` (prefill and decode on one engine) or, under PD disaggregation,
+`prefill` / `decode`; placement filters by it. A PD session has one record per leg (the prefill
+leg's id carries `PREFILL_LEG`), so it sticks to its decode server and, independently, to the
+prefill server whose radix cache holds its prefix. `refusal` names why a worker must not be used
+(it reports another role than it was registered with); such a worker is never eligible.
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-MIXED = "mixed"
+from k3_sglang.router.config import DECODE, MIXED, PREFILL, ROLES  # noqa: F401 - re-exported
+from k3_sglang.router.pd import KVLayout
+
+PREFILL_LEG = "#prefill"
+
+
+def leg_session_id(session_id: str, role: str) -> str:
+    """The ledger key of one leg of a session: the session id itself, or the prefill leg's own key."""
+    return session_id + PREFILL_LEG if role == PREFILL else session_id
 
 
 @dataclass(slots=True)
@@ -40,6 +51,9 @@ class WorkerState:
     backpressure_until: float = 0.0
     healthy: bool = True
     role: str = MIXED
+    refusal: str = ""
+    bootstrap_port: int | None = None  # prefill: where decode servers fetch this server's KV
+    layout: KVLayout | None = None     # what the worker reports (PD peers must agree)
     idle_sessions: OrderedDict = field(default_factory=OrderedDict)
 
     @property
@@ -89,7 +103,8 @@ class Fleet:
         self.expirations = 0
 
     # ---- workers -------------------------------------------------------------------------
-    def add_worker(self, worker_id: str, kv_capacity: int, state_slots: int, prefill_tps: float) -> WorkerState:
+    def add_worker(self, worker_id: str, kv_capacity: int, state_slots: int, prefill_tps: float,
+                   role: str = MIXED) -> WorkerState:
         """Add a worker (or update capacities of an existing one) and return its state."""
         existing = self.workers.get(worker_id)
         if existing is not None:
@@ -97,7 +112,7 @@ class Fleet:
             return existing
         used = {w.bit for w in self.workers.values()}
         bit = next(i for i in range(len(used) + 1) if i not in used)
-        state = WorkerState(worker_id, bit, kv_capacity, state_slots, prefill_tps)
+        state = WorkerState(worker_id, bit, kv_capacity, state_slots, prefill_tps, role=role)
         self.workers[worker_id] = state
         return state
 

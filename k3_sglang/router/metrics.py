@@ -23,6 +23,17 @@ _WORKER_GAUGES = (
     ("breaker_state", "0 closed, 1 half-open, 2 open"),
 )
 
+_ROLE_GAUGES = (
+    ("workers", "Registered workers"),
+    ("healthy_workers", "Workers passing health probes and not refused"),
+    ("kv_capacity_tokens", "KV token capacity of the usable workers"),
+    ("state_slots", "KDA state slots (running-request ceiling) of the usable workers"),
+    ("active_tokens", "KV tokens reserved by in-flight requests"),
+    ("inflight_requests", "Requests in flight"),
+    ("inflight_prefill_tokens", "Uncached prefill tokens dispatched, no first byte yet"),
+    ("resident_sessions", "Sessions bound (a PD session has one per leg)"),
+)
+
 
 class RouterMetrics:
     """Counters updated on the request path, gauges filled from RouterCore at scrape time."""
@@ -48,6 +59,18 @@ class RouterMetrics:
         self.worker_gauges = {name: Gauge(f"k3_router_worker_{name}", doc, ["worker"], registry=r)
                               for name, doc in _WORKER_GAUGES}
         self.sessions = Gauge("k3_router_sessions", "Live sessions", registry=r)
+        # PD disaggregation: both roles side by side
+        self.pd_pairs = Counter("k3_router_pd_pairs", "Requests sent to a (prefill, decode) pair",
+                                ["prefill", "decode"], registry=r)
+        self.pd_leg_failures = Counter("k3_router_pd_leg_failures", "PD attempts that failed on one leg before "
+                                       "the first byte (then retried or answered 502)", ["role"], registry=r)
+        self.pd_repairs = Counter("k3_router_pd_repairs", "Requests re-paired on another decode server after "
+                                  "their decode leg failed", registry=r)
+        self.worker_role = Gauge("k3_router_worker_role", "1 for the role each worker serves (mixed, prefill, "
+                                 "decode); 0 with refused=1 when it reports another role", ["worker", "role"],
+                                 registry=r)
+        self.role_gauges = {name: Gauge(f"k3_router_role_{name}", f"{doc}, summed over the workers of a role",
+                                        ["role"], registry=r) for name, doc in _ROLE_GAUGES}
         self._children: dict[tuple, object] = {}
 
     def count(self, counter: Counter, *labels: str) -> None:
@@ -75,4 +98,26 @@ class RouterMetrics:
             for name, value in values.items():
                 self.worker_gauges[name].labels(w.worker_id).set(value)
         self.sessions.set(len(core.fleet.sessions))
+        self._render_roles(core)
         return generate_latest(self.registry)
+
+    def _render_roles(self, core: RouterCore) -> None:
+        self.worker_role.clear()
+        for gauge in self.role_gauges.values():
+            gauge.clear()
+        totals: dict[str, dict[str, float]] = {}
+        for w in core.fleet.workers.values():
+            self.worker_role.labels(w.worker_id, w.role).set(0 if w.refusal else 1)
+            row = totals.setdefault(w.role, dict.fromkeys((name for name, _ in _ROLE_GAUGES), 0.0))
+            usable = w.healthy and not w.refusal
+            row["workers"] += 1
+            row["healthy_workers"] += usable
+            row["kv_capacity_tokens"] += w.kv_capacity if usable else 0
+            row["state_slots"] += w.state_slots if usable else 0
+            row["active_tokens"] += w.active_tokens
+            row["inflight_requests"] += w.inflight_requests
+            row["inflight_prefill_tokens"] += w.inflight_prefill_tokens
+            row["resident_sessions"] += w.resident_sessions
+        for role, row in totals.items():
+            for name, value in row.items():
+                self.role_gauges[name].labels(role).set(value)

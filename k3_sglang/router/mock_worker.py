@@ -7,9 +7,14 @@ It serves the shapes SGLang 0.5.23 serves: `/health`, `/v1/loads` (`loads[]` per
 
 Faults (`POST /_fault` with a JSON `Fault`, `GET /_stats` for counters):
 `slow` waits `delay_s` before answering; `error` answers 500 for the next `count` requests (-1:
-always); `overloaded` answers 429 with `Retry-After: delay_s`; `die_mid_stream` sends
+always); `reject` answers 400; `overloaded` answers 429 with `Retry-After: delay_s`; `die_mid_stream` sends
 `chunks_before_death` chunks and drops the connection. `POST /_load` sets what `/v1/loads` reports
 (`num_waiting_reqs`, `num_waiting_uncached_tokens`).
+PD mode (`disaggregation_mode` prefill or decode) imitates SGLang's PD protocol within one process:
+a prefill mock needs `bootstrap_host/port/room`, computes for `transfer_delay_s` and then publishes
+the room under its bootstrap address; a decode mock waits until a prefill published the room at
+the address it was given (or its client goes away, counted in `pd_cancelled`, or
+`bootstrap_timeout_s` passes: 500), then answers with words naming the prefill that fed it.
 Run standalone: `python -m k3_sglang.router.mock_worker --port 31000 --name w0`.
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
@@ -56,6 +62,58 @@ class MockState:
     waiting_uncached_tokens: int = 0
     last_body: bytes = b""
     sessions_seen: dict = field(default_factory=dict)
+    disaggregation_mode: str = "null"
+    bootstrap_port: int = 8998
+    page_size: int = 1
+    kv_cache_dtype: str = "auto"
+    transfer_delay_s: float = 0.0
+    bootstrap_timeout_s: float = 30.0
+    pd_cancelled: int = 0
+    rooms: list = field(default_factory=list)
+
+
+# PD rooms published by prefill mocks of this process: (bootstrap host, port, room) -> prefill name
+_ROOMS: dict[tuple[str, int, int], str] = {}
+_ROOMS_LOCK = threading.Lock()
+
+
+def _bootstrap_keys(body: dict) -> list[tuple[str, int, int]] | None:
+    hosts, ports, rooms = body.get("bootstrap_host"), body.get("bootstrap_port"), body.get("bootstrap_room")
+    if hosts is None or ports is None or rooms is None:
+        return None
+    if isinstance(rooms, list):
+        return list(zip(hosts, ports, rooms))
+    return [(hosts, ports, rooms)]
+
+
+async def _pd_leg(state: MockState, request: Request, body: dict) -> Response | str | None:
+    """Run the PD part of a request: a Response to answer with, the feeding prefill's name, or None."""
+    if state.disaggregation_mode not in ("prefill", "decode"):
+        return None
+    keys = _bootstrap_keys(body)
+    if keys is None:
+        return JSONResponse({"error": {"message": "PD request without bootstrap_host/port/room",
+                                       "type": "invalid_request_error", "code": 400}}, status_code=400)
+    state.rooms.extend(k[2] for k in keys)
+    if state.disaggregation_mode == "prefill":
+        await asyncio.sleep(state.transfer_delay_s)
+        with _ROOMS_LOCK:
+            for host, _port, room in keys:
+                _ROOMS[(host, state.bootstrap_port, room)] = state.name
+        return state.name
+    deadline = time.monotonic() + state.bootstrap_timeout_s
+    while True:
+        with _ROOMS_LOCK:
+            fed = [_ROOMS.get(k) for k in keys]
+        if all(fed):
+            return fed[0]
+        if await request.is_disconnected():
+            state.pd_cancelled += 1
+            return JSONResponse({"error": {"message": "client gone"}}, status_code=499)
+        if time.monotonic() > deadline:
+            return JSONResponse({"error": {"message": "KV transfer from prefill timed out", "type": "server_error",
+                                           "code": 500}}, status_code=500)
+        await asyncio.sleep(0.005)
 
 
 def _fault_active(state: MockState, mode: str) -> bool:
@@ -148,11 +206,21 @@ def create_mock_app(state: MockState) -> FastAPI:
         if _fault_active(state, "error"):
             return JSONResponse({"error": {"message": "injected failure", "type": "server_error", "code": 500}},
                                 status_code=500)
+        if _fault_active(state, "reject"):
+            return JSONResponse({"error": {"message": "request rejected by the mock", "type": "invalid_request_error",
+                                           "code": 400}}, status_code=400)
         if _fault_active(state, "overloaded"):
             return JSONResponse({"error": {"message": "engine overloaded", "type": "rate_limit_error", "code": 429}},
                                 status_code=429, headers={"Retry-After": f"{state.fault.delay_s:g}"})
+        fed_by = await _pd_leg(state, request, body)
+        if isinstance(fed_by, Response):
+            return fed_by
         rid = f"{state.name}-{state.requests}"
         words = _reply_words(state, body)
+        if fed_by is not None and state.disaggregation_mode == "decode":
+            words = [f"{fed_by}>{w}" for w in words]
+        elif fed_by is not None:
+            words = words[:1]  # a PD prefill server answers with its one prefill token
         if body.get("stream"):
             die = _fault_active(state, "die_mid_stream")
             return StreamingResponse(_stream(state, path, rid, words, die), media_type="text/event-stream")
@@ -179,7 +247,11 @@ def create_mock_app(state: MockState) -> FastAPI:
         return JSONResponse({"model_path": state.model, "served_model_name": state.model,
                              "max_total_num_tokens": state.max_total_num_tokens, "dcp_size": state.dcp_size,
                              "tp_size": 1, "max_running_requests": state.max_running_requests,
-                             "max_mamba_cache_size": state.max_running_requests, "version": "mock"})
+                             "max_mamba_cache_size": state.max_running_requests, "version": "mock",
+                             "disaggregation_mode": state.disaggregation_mode, "page_size": state.page_size,
+                             "kv_cache_dtype": state.kv_cache_dtype, "dtype": "float32",
+                             "disaggregation_bootstrap_port": state.bootstrap_port,
+                             "disaggregation_transfer_backend": "mooncake"})
 
     @app.get("/v1/loads")
     async def loads() -> Response:
@@ -206,7 +278,8 @@ def create_mock_app(state: MockState) -> FastAPI:
     @app.get("/_stats")
     async def stats() -> Response:
         return JSONResponse({"name": state.name, "requests": state.requests, "running": state.running,
-                             "sessions_seen": state.sessions_seen})
+                             "sessions_seen": state.sessions_seen, "pd_cancelled": state.pd_cancelled,
+                             "rooms": state.rooms})
 
     return app
 

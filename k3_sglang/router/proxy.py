@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from aiohttp import web
 from k3_sglang.router.config import RouterConfig, WorkerSpec
 from k3_sglang.router.core import RouterCore
 from k3_sglang.router.errors import RouterHTTPError, sse_error_event
-from k3_sglang.router.fleet import Ticket
+from k3_sglang.router.fleet import MIXED, Ticket
 from k3_sglang.router.metrics import RouterMetrics
 from k3_sglang.router.policy import MOVE, UNAVAILABLE, Decision, RouteRequest
 from k3_sglang.router.session_key import RequestFacts
@@ -52,6 +53,8 @@ class RouterState:
     health: dict = field(default_factory=dict)
     waiting: int = 0
     capacity_freed: asyncio.Event = field(default_factory=asyncio.Event)
+    rng: random.Random = field(default_factory=random.SystemRandom)  # PD bootstrap rooms
+    background: set = field(default_factory=set)  # PD prefill legs still running after the answer
 
     def now(self) -> float:
         """Monotonic clock used for sessions, breakers and the ledger."""
@@ -77,14 +80,15 @@ def _retry_after(seconds: float) -> dict[str, str]:
 
 
 async def place(state: RouterState, request: RouteRequest, prefix_hashes: tuple[int, ...],
-                exclude: list[str]) -> tuple[Decision, Ticket]:
-    """Route a request, waiting in the bounded admission queue if configured; raise 429/503 otherwise."""
+                exclude: list[str], role: str = MIXED) -> tuple[Decision, Ticket]:
+    """Route a request to a worker of `role`, waiting in the bounded admission queue if configured;
+    raise 429/503 otherwise."""
     policy = state.config.policy
     deadline = state.now() + policy.queue_timeout_s
     metrics = state.metrics
     while True:
         started = time.perf_counter()
-        decision, ticket = state.core.route(request, prefix_hashes, state.now(), exclude)
+        decision, ticket = state.core.route(request, prefix_hashes, state.now(), exclude, role)
         metrics.decision_seconds.observe(time.perf_counter() - started)
         metrics.count(metrics.placements, decision.kind)
         if ticket is not None:
@@ -93,9 +97,9 @@ async def place(state: RouterState, request: RouteRequest, prefix_hashes: tuple[
             metrics.predicted_ttft_seconds.observe(decision.ttft_s)
             return decision, ticket
         if decision.kind == UNAVAILABLE:
-            if decision.reason.startswith("every healthy worker is back-pressuring"):
+            if decision.reason.startswith("every healthy") and "back-pressuring" in decision.reason:
                 raise RouterHTTPError(429, decision.reason, "worker_backpressure", _retry_after(decision.retry_after_s))
-            code = "workers_recovering" if decision.reason.startswith("workers recovering") else "no_healthy_worker"
+            code = "workers_recovering" if "recovering: half-open" in decision.reason else "no_healthy_worker"
             raise RouterHTTPError(503, decision.reason, code, _retry_after(decision.retry_after_s))
         remaining = deadline - state.now()
         if policy.admission == "queue" and remaining > 0 and state.waiting < policy.queue_max:
@@ -154,15 +158,29 @@ def _backpressure_seconds(upstream: aiohttp.ClientResponse, default_s: float) ->
         return default_s
 
 
-async def forward(state: RouterState, request: web.Request, body: bytes, facts: RequestFacts) -> web.StreamResponse:
-    """Send a request to the worker its session belongs on, retrying before the first byte."""
+def route_request_of(state: RouterState, facts: RequestFacts) -> RouteRequest:
+    """The request's session (explicit key, else found by prefix or new) and what placement needs."""
     if facts.explicit_session is not None:
         session_id, source = facts.explicit_session, facts.session_source
     else:
         session_id, source = state.core.identify(facts.session_keys)
     state.metrics.count(state.metrics.sessions_found, source)
-    route_request = RouteRequest(session_id, facts.context_tokens, facts.growth_tokens, facts.session_keys,
-                                 facts.explicit_session is None)
+    return RouteRequest(session_id, facts.context_tokens, facts.growth_tokens, facts.session_keys,
+                        facts.explicit_session is None)
+
+
+def unavailable_after_failures(failures: list[AttemptFailed]) -> RouterHTTPError:
+    """The client's error once every attempt failed: 429 if every worker pushed back, else 502."""
+    pushed_back = [f.backpressure_s for f in failures if f.backpressure_s is not None]
+    if len(pushed_back) == len(failures):
+        return RouterHTTPError(429, "every worker tried answered 429 (back-pressure); retry later",
+                               "worker_backpressure", _retry_after(min(pushed_back)))
+    return RouterHTTPError(502, "upstream failed: " + "; ".join(f.detail for f in failures), "upstream_failed")
+
+
+async def forward(state: RouterState, request: web.Request, body: bytes, facts: RequestFacts) -> web.StreamResponse:
+    """Send a request to the worker its session belongs on, retrying before the first byte."""
+    route_request = route_request_of(state, facts)
     headers = upstream_headers(state, request.headers)
     reliability = state.config.reliability
     exclude: list[str] = []
@@ -182,11 +200,7 @@ async def forward(state: RouterState, request: web.Request, body: bytes, facts: 
             return outcome
         failures.append(outcome)
         exclude.append(ticket.worker_id)
-    pushed_back = [f.backpressure_s for f in failures if f.backpressure_s is not None]
-    if len(pushed_back) == len(failures):
-        raise RouterHTTPError(429, "every worker tried answered 429 (back-pressure); retry later",
-                              "worker_backpressure", _retry_after(min(pushed_back)))
-    raise RouterHTTPError(502, "upstream failed: " + "; ".join(f.detail for f in failures), "upstream_failed")
+    raise unavailable_after_failures(failures)
 
 
 async def _attempt(state: RouterState, request: web.Request, body: bytes, stream: bool,

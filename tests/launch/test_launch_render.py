@@ -53,7 +53,10 @@ def test_slurm_dry_run_prints_every_tray_and_the_router(tmp_path):
     assert any("--disaggregation-mode decode" in line and "--dcp-size 8" in line for line in lines)
     assert any("--dist-init-addr tray4:5002" in line and "--node-rank 1" in line for line in lines)
     router = [line for line in lines if "k3 router" in line]
-    assert len(router) == 1 and router[0].count("--worker") == 9 and "--port 8000" in router[0]
+    assert len(router) == 1 and "--port 8000" in router[0] and "--worker" not in router[0]
+    # PD: the router pairs 2 prefill servers (with their bootstrap ports) and 7 decode servers
+    assert router[0].count("--prefill") == 2 and router[0].count("--decode") == 7
+    assert "--prefill http://tray0:30000 8998 --prefill http://tray2:30001 8999" in router[0]
 
 
 def test_shell_dry_run_per_host(tmp_path):
@@ -137,7 +140,9 @@ def test_lws_manifests_carry_the_required_fields():
     replicas = {d["metadata"]["name"]: d["spec"]["replicas"] for d in docs if d["kind"] == "LeaderWorkerSet"}
     assert replicas == {"k3-agent-100k-prefill": 2, "k3-agent-100k-decode": 7}
     router = docs[3]["spec"]["template"]["spec"]
-    assert router["containers"][0]["command"].count("--worker") == 9
+    command = router["containers"][0]["command"]
+    assert command.count("--prefill") == 2 and command.count("--decode") == 7 and "--worker" not in command
+    assert command[command.index("--prefill") + 2] == "8998"  # the prefill group's bootstrap port
     assert "exit 1" in router["initContainers"][0]["command"][2]
 
 

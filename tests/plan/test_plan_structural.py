@@ -96,6 +96,48 @@ def test_state_slots_per_request_follow_overlap_and_strategy():
     assert pp.slots_per_request == 4
 
 
+def test_pd_decode_groups_hold_one_state_slot_per_request_unless_they_keep_a_radix_cache():
+    # SGLang 0.5.23: a PD decode server runs with disable_radix_cache (pd_disaggregation_hook.py) unless
+    # --disaggregation-decode-enable-radix-cache, and _calculate_mamba_ratio() is then 1
+    spec = spec_for()
+    assert spec.serving.state_slots_per_request(overlap=True, role="decode") == 1
+    assert spec.serving.state_slots_per_request(overlap=True, role="prefill") == 5
+    radix = dataclasses.replace(spec.serving, decode_radix_cache=True)
+    assert radix.state_slots_per_request(overlap=True, role="decode") == 5
+    pd = [{"role": "prefill", "tp": 1, "pp": 8, "replicas": 2},
+          {"role": "decode", "tp": 8, "dcp": 8, "ep": 8, "replicas": 7}]
+    auto = {"mamba_full_memory_ratio": "auto"}
+    one = plan_for(groups=pd, serving=auto)
+    five = plan_for(groups=pd, serving={**auto, "decode_radix_cache": True})
+    decode_one, decode_five = one.groups[1], five.groups[1]
+    assert (decode_one.slots_per_request, decode_five.slots_per_request) == (1, 5)
+    assert one.groups[0].slots_per_request == five.groups[0].slots_per_request == 4  # prefill PP8: overlap off
+    # r* scales with S: a 5x smaller state pool balances the same sessions (review.md H2: 0.781 -> 0.156)
+    assert decode_one.balanced_ratio == pytest.approx(decode_five.balanced_ratio / 5)
+    assert decode_one.sessions > decode_five.sessions * 1.4  # 149 vs 97 per decode group on GB300
+    assert one.total_sessions == 7 * decode_one.sessions
+
+
+def test_rendered_decode_flags_agree_with_the_planned_slots():
+    from k3_sglang.launch.golden import render_example
+
+    sbatch = render_example("agent-100k")["k3-agent-100k.sbatch"]
+    decode_lines = [line for line in sbatch.splitlines() if "--disaggregation-mode decode" in line]
+    assert decode_lines and all("--disaggregation-decode-enable-radix-cache" not in line for line in decode_lines)
+    assert all("--mamba-full-memory-ratio 0.156" in line for line in decode_lines)  # sized for S = 1
+    from k3_sglang.launch.render import render_artefacts
+    from k3_sglang.launch.settings import LaunchSettings
+    from k3_sglang.plan.presets import plan_preset
+
+    doc = plan_preset("agent-100k")
+    doc["serving"] = {**doc.get("serving", {}), "decode_radix_cache": True}
+    rendered = render_artefacts(plan_for(groups=doc["groups"], serving=doc["serving"]), LaunchSettings())
+    text = next(v for k, v in rendered.items() if k.endswith(".sbatch"))
+    decode_lines = [line for line in text.splitlines() if "--disaggregation-mode decode" in line]
+    assert decode_lines and all("--disaggregation-decode-enable-radix-cache" in line for line in decode_lines)
+    assert all("--mamba-full-memory-ratio 0.781" in line for line in decode_lines)  # sized for S = 5
+
+
 def test_pp_stages_follow_sglang_default_split_and_bind_on_the_largest():
     group = plan_for(groups=[{"tp": 1, "pp": 8}]).groups[0]
     sizes = [s.memory.num_layers for s in group.stages]

@@ -53,6 +53,64 @@ class Fleet:
             time.sleep(0.02)
 
 
+@dataclasses.dataclass
+class PDFleet:
+    """Mock PD prefill and decode servers and the router pairing them."""
+
+    prefills: list[ServerThread]
+    decodes: list[ServerThread]
+    prefill_states: list[MockState]
+    decode_states: list[MockState]
+    router: ServerThread
+    app: object
+
+    @property
+    def state(self):
+        return router_state(self.app)
+
+    @property
+    def core(self):
+        return self.state.core
+
+    def wait_idle(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every ticket of both legs is closed; True when they are."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(w.inflight_requests == 0 and w.active_tokens == 0 for w in self.core.fleet.workers.values()):
+                return True
+            time.sleep(0.02)
+        return False
+
+
+@pytest.fixture
+def make_pd_fleet():
+    """Factory: `make_pd_fleet(prefills=1, decodes=2, prefill={MockState kwargs}, decode={...})` -> PDFleet."""
+    started: list[ServerThread] = []
+
+    def factory(prefills: int = 1, decodes: int = 1, prefill: dict | None = None, decode: dict | None = None,
+                specs=None, policy: PolicyConfig | None = None, reliability: ReliabilityConfig | None = None,
+                **router_kwargs) -> PDFleet:
+        p_states = [MockState(name=f"p{i}", disaggregation_mode="prefill", bootstrap_port=20000 + i,
+                              **(prefill or {})) for i in range(prefills)]
+        d_states = [MockState(name=f"d{i}", disaggregation_mode="decode", **(decode or {})) for i in range(decodes)]
+        p_servers = [ServerThread(create_mock_app(s)).start() for s in p_states]
+        d_servers = [ServerThread(create_mock_app(s)).start() for s in d_states]
+        started.extend(p_servers + d_servers)
+        workers = specs(p_servers, d_servers) if specs else (
+            tuple(WorkerSpec(s.url, role="prefill") for s in p_servers)
+            + tuple(WorkerSpec(s.url, role="decode") for s in d_servers))
+        config = RouterConfig(workers=workers, policy=policy or PolicyConfig(),
+                              reliability=reliability or FAST_RELIABILITY, **router_kwargs)
+        app = create_app(config)
+        router = ServerThread(app).start()
+        started.append(router)
+        return PDFleet(p_servers, d_servers, p_states, d_states, router, app)
+
+    yield factory
+    for server in reversed(started):
+        server.stop(timeout_s=5)
+
+
 @pytest.fixture
 def fast_reliability() -> ReliabilityConfig:
     """The short timeouts and thresholds `make_fleet` uses by default (to derive variants)."""
