@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE, ServedModel
+from k3_sglang.serving.pd_cpu import missing_transfer_engine, pd_cpu_env, pd_cpu_flags
 from k3_sglang.serving.settings import ServeSettings
 
 DEFAULT_HOST = "127.0.0.1"
@@ -114,6 +115,27 @@ def validate_model_path(path: Path) -> None:
         raise CliError(f"--model-path {path}: {exc}") from None
 
 
+# SGLang's dynamic-chunking profiler prefills random token ids in [0, 10000) (managers/scheduler_components/
+# dynamic_chunk_sizer.py); with a smaller vocabulary the embedding rejects them and SGLang quietly turns the
+# feature off, so `k3 serve` refuses the flag for such a checkpoint instead.
+DYNAMIC_CHUNKING_PROFILE_IDS = 10000
+
+
+def check_dynamic_chunking(model_path: Path, extra: list[str]) -> None:
+    """Raise CliError when --enable-dynamic-chunking is asked for a checkpoint SGLang's profiler cannot run."""
+    from k3_sglang.cli import CliError
+    from k3_sglang.config import K3Config
+
+    if not _has_flag(extra, "--enable-dynamic-chunking"):
+        return
+    vocab = K3Config.from_json(model_path).vocab_size
+    if vocab < DYNAMIC_CHUNKING_PROFILE_IDS:
+        raise CliError(f"--enable-dynamic-chunking: SGLang profiles it with token ids up to "
+                       f"{DYNAMIC_CHUNKING_PROFILE_IDS - 1}, outside this checkpoint's {vocab}-token vocabulary (it "
+                       "would turn itself off); use a checkpoint with a vocabulary of at least "
+                       f"{DYNAMIC_CHUNKING_PROFILE_IDS} (e.g. the bench-only k3-tiny-pp of `k3 bench pp-prefill`)")
+
+
 def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu: bool,
                 portable: bool = True) -> list[str]:
     """SGLang's command line: ours (host, port, the defaults the user did not override), then the user's flags."""
@@ -126,8 +148,16 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
         if not _has_flag(extra, flag):
             argv += [flag, value]
     flags = COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (CPU_FLAGS if on_cpu else ())
+    if portable and int(_flag_value(extra, "--dcp-size", _flag_value(extra, "--decode-context-parallel-size", "1"))) > 1:
+        flags += DCP_PORTABLE_FLAGS
     argv += [f for f in flags if not _has_flag(extra, f)]
     return argv + extra
+
+
+# Under DCP SGLang's radix pages are page_size x dcp_size tokens, and its KDA prefix cache then needs state
+# snapshots at page boundaries (its `extra_buffer` strategy), which the portable KDA layer does not write: the
+# portable model serves DCP with the radix cache off (docs/parallel.md).
+DCP_PORTABLE_FLAGS = ("--disable-radix-cache",)
 
 
 def serving_env(extra: list[str], on_cpu: bool, portable: bool = True) -> dict[str, str]:
@@ -146,9 +176,16 @@ def serving_env(extra: list[str], on_cpu: bool, portable: bool = True) -> dict[s
         ranks = int(_flag_value(extra, "--tp-size", _flag_value(extra, "--tp", "1"))) * int(_flag_value(extra, "--pp-size", "1"))
         cores = os.cpu_count() or 1
         env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(ranks)))
+        if ranks > 1:  # SGLang sets no thread count on this platform: every rank would start one thread per core
+            env.setdefault("OMP_NUM_THREADS", str(rank_threads(ranks)))
     else:
         env.pop("TRITON_INTERPRET", None)  # a GPU server never runs its Triton kernels in the CPU interpreter
     return env
+
+
+def rank_threads(ranks: int) -> int:
+    """OpenMP/torch threads per rank so that `ranks` ranks share the cores this process may use (at least 1)."""
+    return max(1, len(os.sched_getaffinity(0)) // ranks)
 
 
 def env_changes(env: dict[str, str]) -> str:
@@ -198,12 +235,20 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
     model_path = args.model_path or ensure_tiny_checkpoint(settings)
     validate_model_path(model_path)
+    check_dynamic_chunking(model_path, args.extra_args)
     on_cpu = os.environ.get("SGLANG_PLATFORM") == "k3_cpu" or not cuda_available()
     model = served_model(settings, model_path, args.model_path is None, on_cpu)
     argv = sglang_argv(model_path, args.host, args.port, args.extra_args, on_cpu, model.portable)
+    missing = missing_transfer_engine(args.extra_args)
+    if missing:
+        raise CliError(missing)
+    if on_cpu:
+        argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
     if model.portable:
         check_portable(argv)
     env = serving_env(args.extra_args, on_cpu, model.portable)
+    if on_cpu:
+        env = pd_cpu_env(args.extra_args, args.host, env)
     command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]
     if args.dry_run:
         print(f"# model: {model.name} ({model.reason})")

@@ -30,14 +30,14 @@ class ParallelLimit:
     why: str
 
 
-# SGLang field -> limit. TP/DCP and PP are the next issues: raise `supported` here when the model gets them.
+# SGLang field -> limit (PP: k3_sglang/parallel/pipeline.py). Raise `supported` here when the model gets a size.
 SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
-    "tp_size": ParallelLimit("--tp-size", 1, "tensor parallelism", "the portable layers hold unsharded weights"),
-    "pp_size": ParallelLimit("--pp-size", 1, "pipeline parallelism", "the model has no pipeline stages"),
-    "dcp_size": ParallelLimit("--dcp-size", 1, "decode context parallelism", "MLA decode reads local pool rows only"),
+    "tp_size": ParallelLimit("--tp-size", 8, "tensor parallelism", "tested up to 8 ranks (k3_sglang/parallel/tp.py)"),
+    "pp_size": ParallelLimit("--pp-size", 4, "pipeline parallelism", "tested up to 4 stages (k3_sglang/parallel)"),
+    "dcp_size": ParallelLimit("--dcp-size", 8, "decode context parallelism", "tested up to 8 ranks (k3_sglang/parallel/dcp.py)"),
     "attn_dp_size": ParallelLimit("--attn-dp-size", 1, "DP attention", "no attention-DP gather/scatter"),
     "attn_cp_size": ParallelLimit("--attn-cp-size", 1, "attention context parallelism", "no CP split of prefill"),
-    "ep_size": ParallelLimit("--ep-size", 1, "expert parallelism", "every rank holds all experts"),
+    "ep_size": ParallelLimit("--ep-size", 8, "expert parallelism", "tested up to 8 ranks (k3_sglang/parallel/tp.py)"),
     "moe_dp_size": ParallelLimit("--moe-dp-size", 1, "MoE data parallelism", "no MoE all-to-all"),
     "dp_size": ParallelLimit("--dp-size", 1, "data-parallel replicas", "not exercised with this model yet"),
 }
@@ -70,8 +70,21 @@ def portable_refusals(args) -> list[str]:
         if size is not None and int(size) > limit.supported:
             reasons.append(f"{limit.flag} {size}: {limit.what} is not built into the portable model yet "
                            f"(supported: {limit.supported}; {limit.why})")
+    dcp, pp = int(getattr(args, "dcp_size", 1) or 1), int(getattr(args, "pp_size", 1) or 1)
+    if dcp > 1 and pp > 1:  # TP x PP is served (tests/e2e/test_pp_slow.py); DCP inside a pipeline stage is untested
+        reasons.append(f"--dcp-size {dcp} with --pp-size {pp}: decode context parallelism inside a pipeline stage "
+                       "is not tested with the portable model yet")
     if getattr(args, "enable_dp_attention", False):
         reasons.append("--enable-dp-attention: DP attention is not built into the portable model yet")
+        if int(getattr(args, "dcp_size", 1) or 1) > 1:
+            reasons.append("--dcp-size with --enable-dp-attention: DCP stripes the KV cache over the attention-TP "
+                           "group, which DP attention splits up")
+    if int(getattr(args, "dcp_size", 1) or 1) > 1 and not getattr(args, "disable_radix_cache", False):
+        reasons.append(f"--dcp-size {args.dcp_size} with the radix cache: SGLang's DCP pages hold page_size x "
+                       "dcp_size tokens and its KDA prefix cache then needs state snapshots at page boundaries "
+                       "(extra_buffer), which the portable KDA layer does not write; add --disable-radix-cache "
+                       "(`k3 serve` does unless told otherwise)")
+    reasons += layout_refusals(args)
     algorithm = getattr(args, "speculative_algorithm", None)
     if algorithm and str(algorithm).upper() not in SUPPORTED_SPECULATIVE_ALGORITHMS:
         supported = ", ".join(sorted(SUPPORTED_SPECULATIVE_ALGORITHMS)) or "none yet"
@@ -89,6 +102,24 @@ def portable_refusals(args) -> list[str]:
             reasons.append(f"CUDA graphs for {phase} ({shown}): the portable model runs eagerly only "
                            f"(--cuda-graph-backend-{phase} disabled, k3 serve's default for it)")
     return reasons
+
+
+def layout_refusals(args) -> list[str]:
+    """TP/EP/DCP sizes that do not fit the checkpoint's head counts and widths (its config.json, when readable)."""
+    from k3_sglang.config import K3Config
+    from k3_sglang.parallel.tp import tp_constraint_errors
+
+    path = getattr(args, "model_path", None)
+    try:
+        cfg = K3Config.from_json(path) if path else None
+    except (OSError, ValueError):
+        return []  # an unreadable config is reported by --model-path validation
+    if cfg is None:
+        return []
+    tp, ep, dcp = (int(getattr(args, name, 1) or 1) for name in ("tp_size", "ep_size", "dcp_size"))
+    if ep > tp or tp % ep:
+        return [f"--ep-size {ep} must divide --tp-size {tp}"]
+    return tp_constraint_errors(cfg, attn_tp=tp, moe_tp=tp // ep, moe_ep=ep, dcp=dcp)
 
 
 def refusal_message(reasons: list[str]) -> str:
