@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import random
 import statistics
 import tempfile
@@ -22,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from k3_sglang.bench.streaming import stream_generate
 
 DOC = Path("docs/bench-long-context.md")
 DEFAULT_LENGTHS = (4096, 16384, 32768, 65536, 100000)
@@ -61,24 +61,11 @@ def _prompt(length: int, seed: int) -> list[int]:
 
 def _one(url: str, ids: list[int], new_tokens: int) -> tuple[float, float]:
     """(seconds to the first streamed token, decode tokens/s after it) for one greedy request."""
-    body = {"input_ids": ids, "stream": True,
-            "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
-    start = time.perf_counter()
-    first = last = None
-    tokens = 0
-    with httpx.stream("POST", url + "/generate", json=body, timeout=7200) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"/generate answered {resp.status_code}: {resp.read()[:300]!r}")
-        for line in resp.iter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            now = time.perf_counter()
-            first = first or now
-            last = now
-            tokens = json.loads(line[5:])["meta_info"]["completion_tokens"]
-    if first is None or tokens < 2:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
+    prefill_s, decode_s, tokens = stream_generate(url, body, timeout_s=7200)
+    if tokens < 2:
         raise RuntimeError(f"stream of a {len(ids)}-token prompt ended after {tokens} tokens")
-    return first - start, (tokens - 1) / (last - first)
+    return prefill_s, (tokens - 1) / decode_s
 
 
 def _serve_points(path: str, lengths: list[int], args: argparse.Namespace, seed0: int) -> list[Point]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from k3_sglang.bench.streaming import stream_generate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,21 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _stream_decode(url: str, new_tokens: int) -> tuple[float, float, int]:
     """One streamed greedy request: (time to first token, decode seconds after it, tokens)."""
-    body = {"text": "The quick brown fox", "stream": True,
+    body = {"text": "The quick brown fox",
             "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
-    start = time.perf_counter()
-    first = last = None
-    tokens = 0
-    with httpx.stream("POST", url + "/generate", json=body, timeout=600) as resp:
-        resp.raise_for_status()
-        for line in resp.iter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            now = time.perf_counter()
-            first = first or now
-            last = now
-            tokens = json.loads(line[5:])["meta_info"]["completion_tokens"]
-    return first - start, last - first, tokens
+    return stream_generate(url, body, timeout_s=600)
 
 
 def _throughput(url: str, concurrency: int, new_tokens: int) -> float:
