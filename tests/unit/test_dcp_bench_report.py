@@ -13,3 +13,12 @@ def test_summary_reports_step_and_read_ratios_and_capacity():
     assert "| 20.0 | 12.0 | 0.60 |" in row
     assert "| 1000 / 1000 | 500 / 499 | 0.500 |" in row
     assert "| dcp2 | 200 | 2.00x |" in text
+
+
+def test_bench_dcp_bad_input_exits_2_before_starting_servers(capsys):
+    from k3_sglang.cli import main
+
+    assert main(["bench", "dcp", "--contexts", "10", "--out", "-"]) == 2
+    assert "--contexts must be >= 64" in capsys.readouterr().err
+    assert main(["bench", "dcp", "--contexts", "200000", "--out", "-"]) == 2
+    assert "--pool-tokens 131072 must hold the longest context" in capsys.readouterr().err
