@@ -86,10 +86,34 @@ def _median_cell(system: str, length: int, concurrency: int, samples: list[Sampl
                 statistics.median(s.tpot_s for s in samples), len(samples))
 
 
-def _start_router(prefill: K3ServerProcess, bootstrap: int, decode: K3ServerProcess, log: Path):
+def pd_timeouts_env(timeout_s: float) -> dict[str, str]:
+    """SGLang's PD waits (decode for KV, prefill for decode's bootstrap) raised to `timeout_s`."""
+    seconds = str(int(timeout_s))
+    return {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": seconds, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": seconds}
+
+
+def router_config_yaml(timeout_s: float) -> str:
+    """The router's first-byte read timeout and backlog gate raised to `timeout_s` (both 300 s by default)."""
+    return (f"reliability: {{read_timeout_s: {float(timeout_s)}}}\n"
+            f"policy: {{max_predicted_ttft_s: {float(timeout_s)}}}\n")
+
+
+def pool_problem(lengths: list[int], concurrency: list[int], new_tokens: int, max_total_tokens: int) -> str:
+    """'' when the largest cell's requests fit the KV pool at once; else why not."""
+    need = max(lengths) * max(concurrency) + max(concurrency) * new_tokens
+    if need <= max_total_tokens:
+        return ""
+    return (f"--max-total-tokens {max_total_tokens} cannot hold {max(concurrency)} x ({max(lengths)} + {new_tokens}) "
+            f"= {need} tokens at once (the decode server preallocates each request's KV)")
+
+
+def _start_router(prefill: K3ServerProcess, bootstrap: int, decode: K3ServerProcess, log: Path, timeout_s: float):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "k3_sglang.cli", "router", "--prefill", prefill.url,
-                             str(bootstrap), "--decode", decode.url, "--port", str(port), "--log-level", "warning"],
+    config = log.with_name("router.yaml")
+    config.write_text(router_config_yaml(timeout_s))
+    proc = subprocess.Popen([sys.executable, "-m", "k3_sglang.cli", "router", "--config", str(config),
+                             "--prefill", prefill.url, str(bootstrap), "--decode", decode.url, "--port", str(port),
+                             "--log-level", "warning"],
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -110,15 +134,16 @@ def measure(args: argparse.Namespace, folder: Path) -> list[Cell]:
     """Start the three servers and the router, run every cell on both systems, stop everything."""
     common = ["--max-total-tokens", str(args.max_total_tokens), *args.serve_args]
     bootstrap = free_port()
+    env = pd_timeouts_env(args.upstream_timeout_s)
     aggregated = K3ServerProcess(common, folder / "aggregated.log")
     prefill = K3ServerProcess(common + ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
-                                        str(bootstrap)], folder / "prefill.log")
-    decode = K3ServerProcess(common + ["--disaggregation-mode", "decode"], folder / "decode.log")
+                                        str(bootstrap)], folder / "prefill.log", env=env)
+    decode = K3ServerProcess(common + ["--disaggregation-mode", "decode"], folder / "decode.log", env=env)
     servers, router = [aggregated, prefill, decode], None
     try:
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             list(pool.map(lambda s: s.start(timeout_s=600), servers))
-        router, pd_url = _start_router(prefill, bootstrap, decode, folder / "router.log")
+        router, pd_url = _start_router(prefill, bootstrap, decode, folder / "router.log", args.upstream_timeout_s)
         systems = {"aggregated": aggregated.url, "pd": pd_url}
         for name, url in systems.items():  # warm both paths (first-request compilation, Mooncake connect)
             run_cell(url, 256, 1, 4, seed=0)
@@ -175,12 +200,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-total-tokens", type=int, default=163840, help="KV pool of every server")
+    parser.add_argument("--upstream-timeout-s", type=float, default=3600.0,
+                        help="router read timeout, backlog gate and SGLang's PD waits (each 300 s by default)")
     parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[], help="more `k3 serve` flags (last)")
     parser.add_argument("--json", type=Path, help="write the cells here")
     parser.add_argument("--logs", type=Path, help="keep the server and router logs in this folder")
     args = parser.parse_args(argv)
     if min(args.lengths + args.concurrency + [args.new_tokens, args.repeats]) < 1 or args.new_tokens < 2:
         parser.error("lengths, concurrency and repeats must be positive, --new-tokens at least 2")
+    too_small = pool_problem(args.lengths, args.concurrency, args.new_tokens, args.max_total_tokens)
+    if too_small or args.upstream_timeout_s < 1:
+        parser.error(too_small or "--upstream-timeout-s must be at least 1")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)

@@ -225,6 +225,17 @@ def _finish_in_background(state: RouterState, task: asyncio.Task) -> None:
     task.add_done_callback(state.background.discard)
 
 
+def _leg_error(state: RouterState, ticket: Ticket, upstream: aiohttp.ClientResponse | None,
+               exc: Exception) -> AttemptFailed:
+    """A leg's transport failure, named: a read timeout (no byte within `reliability.read_timeout_s`, e.g. a
+    decode server still waiting for KV behind a long prefill queue) is not a connect error, even while
+    the response head has not arrived."""
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        return _failed(state, ticket, f"read timeout (no byte within reliability.read_timeout_s = "
+                       f"{state.config.reliability.read_timeout_s:g} s)", None)
+    return _failed(state, ticket, "connect" if upstream is None else "read", exc)
+
+
 async def _decode_head(state: RouterState, path: str, body: bytes, headers: dict[str, str], stream: bool,
                        ticket: Ticket) -> tuple[aiohttp.ClientResponse, bytes] | AttemptFailed:
     """POST to the decode server and wait for its first chunk (a stream) or whole body.
@@ -243,7 +254,7 @@ async def _decode_head(state: RouterState, path: str, body: bytes, headers: dict
     except UPSTREAM_ERRORS as exc:
         if upstream is not None:
             upstream.close()
-        return _failed(state, ticket, "connect" if upstream is None else "read", exc)
+        return _leg_error(state, ticket, upstream, exc)
     except BaseException:
         state.complete(ticket, ok=False, worker_fault=False)
         if upstream is not None:
@@ -266,7 +277,7 @@ async def _prefill_leg(state: RouterState, path: str, body: bytes, headers: dict
     except UPSTREAM_ERRORS as exc:
         if upstream is not None:
             upstream.close()
-        return LegAnswer(0, failure=_failed(state, ticket, "connect" if upstream is None else "read", exc))
+        return LegAnswer(0, failure=_leg_error(state, ticket, upstream, exc))
     except BaseException:
         state.complete(ticket, ok=False, worker_fault=False)
         if upstream is not None:

@@ -202,3 +202,35 @@ def test_router_start_refuses_an_aggregated_server_given_as_decode(pd, server, c
     prefill, _, _, bootstrap = pd
     assert cli.main(["router", "--prefill", prefill.url, str(bootstrap), "--decode", server.url, "--port", "1"]) == 2
     assert "reports disaggregation_mode null: pass it with --worker" in capsys.readouterr().err
+
+
+def test_8_concurrent_multi_turn_sessions_stay_home_and_match(pd, server):
+    """8 sessions at once, 3 turns each: a turn's prompt is the previous prompt + the previous answer + new
+    tokens, sent with X-Session-Id. Every turn's greedy output equals the aggregated server's for the same
+    history, and every turn of a session is answered by the same decode server under the same session id."""
+    _, decode, url, _ = pd
+    sessions, turns, new_tokens = 8, 3, 4
+
+    def user_tokens(session: int, turn: int) -> list[int]:  # 40..75 tokens the first turn, 20..34 later
+        return _prompt((40 + 5 * session) if turn == 0 else (20 + 2 * session), seed=1000 + 10 * session + turn)
+
+    def converse(base: str, session: int, pd_path: bool) -> list[tuple[list[int], str, str]]:
+        history: list[int] = []
+        answers = []
+        for turn in range(turns):
+            history = history + user_tokens(session, turn)
+            resp = _generate(base, history, new_tokens, session=f"pd-e2e-multi-{session}" if pd_path else None)
+            output = resp.json()["output_ids"]
+            assert len(output) == new_tokens
+            answers.append((output, resp.headers.get("x-k3-worker", ""), resp.headers.get("x-k3-session-id", "")))
+            history = history + output
+        return answers
+
+    with concurrent.futures.ThreadPoolExecutor(sessions) as pool:
+        via_pd = list(pool.map(lambda s: converse(url, s, True), range(sessions)))
+        aggregated = list(pool.map(lambda s: converse(server.url, s, False), range(sessions)))
+    for s in range(sessions):
+        assert [a[0] for a in via_pd[s]] == [a[0] for a in aggregated[s]], f"session {s}"
+        assert {a[1] for a in via_pd[s]} == {decode.url}, f"session {s} left its decode server"
+        assert len({a[2] for a in via_pd[s]}) == 1 and via_pd[s][0][2], f"session {s} changed its session id"
+    assert len({via_pd[s][0][2] for s in range(sessions)}) == sessions  # 8 distinct sessions

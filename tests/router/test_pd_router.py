@@ -337,3 +337,22 @@ def test_worker_specs_validate_roles():
     with pytest.raises(ConfigError, match="cannot be combined"):
         RouterConfig(workers=(WorkerSpec("http://h:1"), WorkerSpec("http://h:2", role="decode"),
                               WorkerSpec("http://h:3", role="prefill")))
+
+
+@pytest.mark.parametrize("read_timeout_s, status", [(0.5, 502), (5.0, 200)])
+def test_kv_arriving_after_the_read_timeout_is_a_502_and_a_longer_timeout_serves_it(
+        make_pd_fleet, fast_reliability, read_timeout_s, status):
+    """The pd_bench 16K x 8 failure: the decode server sends no byte until the prompt's KV arrives, so a
+    prefill queue longer than `reliability.read_timeout_s` fails the decode leg; with the only decode
+    server excluded the client gets 502 `upstream_failed`. A longer read timeout serves the same request."""
+    import dataclasses
+
+    fleet = make_pd_fleet(prefills=1, decodes=1, prefill={"transfer_delay_s": 1.5},
+                          decode={"bootstrap_timeout_s": 30.0},
+                          reliability=dataclasses.replace(fast_reliability, read_timeout_s=read_timeout_s))
+    resp = generate(fleet)
+    assert resp.status_code == status, resp.text[:300]
+    if status == 502:
+        assert resp.json()["error"]["code"] == "upstream_failed"
+        assert "read timeout (no byte within reliability.read_timeout_s = 0.5 s)" in resp.json()["error"]["message"]
+    assert fleet.wait_idle()
