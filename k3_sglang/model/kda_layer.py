@@ -126,6 +126,8 @@ class KDAMixer(nn.Module):
         if x.shape[0] == 0 or mode.is_idle():
             return torch.zeros_like(x)
         state = kda_state_view(forward_batch, self.layer_id)
+        if mode.is_target_verify():  # before is_extend: SGLang counts TARGET_VERIFY as an extend mode
+            return self.forward_verify(x, state, forward_batch.spec_info)
         if mode.is_decode():
             return self.forward_decode(x, state)
         return self.forward_extend(x, state, forward_batch.extend_prefix_lens_cpu)
@@ -147,3 +149,27 @@ class KDAMixer(nn.Module):
         o = dispatch.kda_prefill(pre.to(state.conv.dtype), f, b, out_gate, state.query_start_loc, weights, state.conv,
                                  state.temporal, state.slots, has_state, opts)  # [T, H*V]
         return all_reduce(self.o_proj(o.to(x.dtype)), self.mp.attn_tp, "attn_tp_group")
+
+    def forward_verify(self, x: torch.Tensor, state: KDAStateView, spec) -> torch.Tensor:
+        """Speculative chains x [T, hidden] (packed per request, spec.layout) -> [T, hidden], the pools untouched.
+
+        Runs as spec.layout.l_max batched recurrent steps from each slot's state (the same per-step ops as decode,
+        so a committed prefix is bit-identical to decoding it) and leaves the per-token record in
+        spec.kda_records for `commit_verify`."""
+        pre, f, b, out_gate = self.project(x)
+        weights, opts = self.kernel_args()
+        index = spec.dense_index  # [B, L] packed row, or T for the padding row
+
+        def dense(t: torch.Tensor) -> torch.Tensor:  # [T, C] -> [B, L, C], zero rows past each chain
+            return torch.cat([t, t.new_zeros(1, t.shape[1])])[index]
+
+        o, record = dispatch.kda_verify(dense(pre.to(state.conv.dtype)), dense(f), dense(b), dense(out_gate),
+                                        weights, state.conv, state.temporal, state.slots, opts)  # [B, L, H*V]
+        spec.kda_records[self.layer_id] = (record, state)
+        o = o.reshape(-1, o.shape[-1])[spec.packed_index]  # [T, H*V]
+        return all_reduce(self.o_proj(o.to(x.dtype)), self.mp.attn_tp, "attn_tp_group")
+
+    def commit_verify(self, spec, commit_lens: torch.Tensor) -> None:
+        """Fold the first commit_lens[b] verified tokens of each request into its pool slot (state and conv)."""
+        record, state = spec.kda_records.pop(self.layer_id)
+        dispatch.kda_commit(record, state.conv, state.temporal, state.slots, commit_lens.to(state.slots.device))

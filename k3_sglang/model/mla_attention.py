@@ -34,7 +34,10 @@ def mla_pool_views(forward_batch):
 
 
 def batch_lengths(forward_batch) -> tuple[list[int], list[int]]:
-    """(prefix_lens, new_lens) per request from SGLang's host-side lengths; decode: (seq_len - 1, 1)."""
+    """(prefix_lens, new_lens) per request from SGLang's host-side lengths; decode: (seq_len - 1, 1); a K3_CSV
+    verify: (committed seq_len, verify_len), its chains attended like an extend chunk (spec/info.py)."""
+    if forward_batch.forward_mode.is_target_verify():
+        return ([int(n) for n in forward_batch.seq_lens_cpu.tolist()], list(forward_batch.spec_info.verify_lens))
     if forward_batch.forward_mode.is_decode():
         seq = [int(n) for n in forward_batch.seq_lens_cpu.tolist()]
         return [n - 1 for n in seq], [1] * len(seq)

@@ -77,7 +77,8 @@ class MLAMixer(nn.Module):
             return torch.zeros_like(x)
         rows = self.latent_rows(x)
         q_lat = self.absorbed_query(x)
-        if self.chunk_extend or forward_batch.forward_mode.is_decode():
+        mode = forward_batch.forward_mode
+        if self.chunk_extend or mode.is_decode() or mode.is_target_verify():
             o_lat = mla_attention(self.attn, q_lat, rows, forward_batch, self.kv_lora_rank, self.mp.dcp,
                                   self.mp.dcp_merge, self.mp.tp.rank)
         else:  # SGLang's torch_native extend (recomputes prefix + chunk): the long-context baseline only

@@ -5,7 +5,8 @@ backend, hold unsharded weights and keep no per-draft KDA states, so these confi
 (or fail deep inside a rank) and are refused with one message listing every reason:
 
 - parallel sizes above the table below (one entry per size: lifting a limit is one edit once the model has it);
-- speculative algorithms outside the supported set (none yet);
+- speculative algorithms outside the supported set (K3_CSV, ours: k3_sglang/spec), and K3_CSV inside a pipeline
+  or with SGLang's torch_native MLA extend;
 - any mamba radix-cache strategy but `no_buffer` (`extra_buffer` snapshots KDA states inside SGLang's backend,
   which this model bypasses: a prefix hit would restore a stale state);
 - CUDA graphs in either phase (decode gathers sized on the host, Python loops over requests).
@@ -41,7 +42,7 @@ SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
     "moe_dp_size": ParallelLimit("--moe-dp-size", 1, "MoE data parallelism", "no MoE all-to-all"),
     "dp_size": ParallelLimit("--dp-size", 1, "data-parallel replicas", "not exercised with this model yet"),
 }
-SUPPORTED_SPECULATIVE_ALGORITHMS: frozenset[str] = frozenset()
+SUPPORTED_SPECULATIVE_ALGORITHMS: frozenset[str] = frozenset({"K3_CSV"})
 SUPPORTED_MAMBA_STRATEGIES = ("no_buffer",)
 GRAPH_PHASES = ("decode", "prefill")
 
@@ -90,6 +91,8 @@ def portable_refusals(args) -> list[str]:
         supported = ", ".join(sorted(SUPPORTED_SPECULATIVE_ALGORITHMS)) or "none yet"
         reasons.append(f"--speculative-algorithm {algorithm}: not supported by the portable model (supported: "
                        f"{supported}); its KDA layers keep no per-draft states for SGLang's verify to commit")
+    elif algorithm:
+        reasons += spec_refusals(args)
     strategy = getattr(args, "mamba_radix_cache_strategy", "no_buffer")
     if strategy not in SUPPORTED_MAMBA_STRATEGIES:
         reasons.append(f"--mamba-radix-cache-strategy {strategy}: the portable model needs no_buffer "
@@ -101,6 +104,30 @@ def portable_refusals(args) -> list[str]:
             shown = backend or "SGLang's default: on"
             reasons.append(f"CUDA graphs for {phase} ({shown}): the portable model runs eagerly only "
                            f"(--cuda-graph-backend-{phase} disabled, k3 serve's default for it)")
+    return reasons
+
+
+def spec_refusals(args) -> list[str]:
+    """K3_CSV (k3_sglang/spec) settings this server cannot run: PP, the torch_native MLA baseline, bad K3_SPEC_*."""
+    import os
+
+    from k3_sglang.spec.settings import SpecSettings
+
+    reasons = []
+    pp = int(getattr(args, "pp_size", 1) or 1)
+    if pp > 1:
+        reasons.append(f"--speculative-algorithm K3_CSV with --pp-size {pp}: verify inside a pipeline is not built "
+                       "(run PP on a PD prefill server, speculation on the decode server)")
+    if os.environ.get("K3_MLA_EXTEND", "chunk") == "torch_native":
+        reasons.append("--speculative-algorithm K3_CSV with K3_MLA_EXTEND=torch_native: verify runs on the chunked "
+                       "MLA extend path only")
+    width = getattr(args, "speculative_num_draft_tokens", None)
+    if width is not None and int(width) < 2:
+        reasons.append(f"--speculative-num-draft-tokens {width}: K3_CSV needs at least 2 (the root and a draft)")
+    try:
+        SpecSettings.from_env()
+    except ValueError as e:
+        reasons.append(str(e))
     return reasons
 
 

@@ -90,18 +90,28 @@ def kda_verify_torch(mixed_qkv, f, b, g_out, weights: KDAWeights, conv_pool, sta
 
 
 def kda_commit_torch(record: VerifyRecord, conv_pool, state_pool, state_indices, num_accepted) -> None:
-    """Commit the first num_accepted[b] verified tokens of each request into the pools, in place."""
+    """Commit the first num_accepted[b] verified tokens of each request into the pools, in place.
+
+    Batched over requests, one elementwise replay step per token (S <- exp(g) S + k delta^T, masked where
+    t >= num_accepted[b]): the same ops verify ran, so the result is bit-identical to decoding those tokens."""
     check_commit_args("kda_commit", record, conv_pool, state_pool, state_indices, num_accepted)
+    acc = num_accepted.to(torch.long).cpu()
+    live = ((state_indices.cpu() >= 0) & (acc > 0)).nonzero().flatten()
+    if live.numel() == 0:
+        return
+    slots = state_indices.cpu().long()[live].to(state_pool.device)
+    acc_l = acc[live].to(state_pool.device)
+    S = state_pool[slots]
+    li = live.to(record.k.device)
+    k, delta, g = record.k[li], record.delta[li], record.g[li]
+    for t in range(int(acc_l.max())):
+        stepped = add_rank_one(decay_state(S, g[:, t]), k[:, t], delta[:, t]).to(S.dtype)
+        S = torch.where((t < acc_l).view(-1, 1, 1, 1), stepped, S)
+    state_pool[slots] = S
     W1 = conv_pool.shape[1]
-    for i, (slot, acc) in enumerate(zip(state_indices.tolist(), num_accepted.tolist())):
-        if slot < 0 or acc <= 0:
-            continue
-        S = state_pool[slot]
-        for t in range(acc):
-            S = add_rank_one(decay_state(S, record.g[i, t]), record.k[i, t], record.delta[i, t])
-        state_pool[slot] = S
-        rows = torch.cat([conv_pool[slot], record.mixed_qkv[i, :acc].to(conv_pool.dtype)])
-        conv_pool[slot] = rows[rows.shape[0] - W1:]
+    rows = torch.cat([conv_pool[slots], record.mixed_qkv[li].to(conv_pool.dtype)], 1)  # [L', W-1 + n, D]
+    take = acc_l.view(-1, 1) + torch.arange(W1, device=rows.device).view(1, -1)  # the W-1 rows ending at acc
+    conv_pool[slots] = torch.gather(rows, 1, take[:, :, None].expand(-1, -1, rows.shape[2]))
 
 
 def kda_prefill_torch(mixed_qkv, f, b, g_out, cu_seqlens, weights: KDAWeights, conv_pool, state_pool, state_indices,

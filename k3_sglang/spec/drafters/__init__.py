@@ -1,0 +1,49 @@
+"""Drafters of K3_CSV that need no trained model (pure python + numpy).
+
+- `lookup`: prompt lookup over the request's own context, confidence calibrated online (lookup.py, calibrate.py).
+- `controlled`: replays a reference continuation with a known acceptance q (controlled.py; tests and benchmarks).
+The DSpark-style checkpoint drafter (draft_checkpoint.py, torch) needs target hidden states and is not built here.
+"""
+from __future__ import annotations
+
+import os
+
+from k3_sglang.spec.drafters.base import DraftBlock, Drafter, DraftRequest
+from k3_sglang.spec.drafters.calibrate import BetaBucketCalibrator, CalibratorConfig
+from k3_sglang.spec.drafters.controlled import ControlledConfig, ControlledDrafter, load_oracle
+from k3_sglang.spec.drafters.lookup import LookupConfig, LookupDrafter
+
+DRAFTER_KINDS = ("lookup", "controlled")
+
+__all__ = ["DraftBlock", "DraftRequest", "Drafter", "LookupDrafter", "ControlledDrafter", "BetaBucketCalibrator",
+           "build_drafter", "DRAFTER_KINDS"]
+
+
+def build_drafter(
+    kind: str,
+    *,
+    oracle_path: str | None = None,
+    profile: str = "mix",
+    seed: int = 0,
+    vocab_size: int | None = None,
+    prior_path: str | None = None,
+) -> Drafter:
+    """A drafter by kind: "lookup" (prior_path: optional saved calibrator JSON) or "controlled" (oracle_path and
+    vocab_size required). Bad kind or inputs -> ValueError with a clear message."""
+    if kind == "lookup":
+        calibrator = BetaBucketCalibrator.load(prior_path) if prior_path else BetaBucketCalibrator(CalibratorConfig())
+        return LookupDrafter(LookupConfig(), calibrator)
+    if kind == "controlled":
+        if not oracle_path:
+            raise ValueError("controlled drafter needs an oracle file (K3_SPEC_ORACLE)")
+        if not os.path.isfile(oracle_path):
+            raise ValueError(f"controlled drafter: oracle file not found: {oracle_path}")
+        if vocab_size is None:
+            raise ValueError("controlled drafter needs vocab_size (corrupted drafts wrap modulo the vocabulary)")
+        return ControlledDrafter.from_file(oracle_path, ControlledConfig(profile=profile, seed=seed, vocab_size=int(vocab_size)))
+    if kind == "checkpoint":
+        raise ValueError(
+            "drafter kind 'checkpoint' is not served: it needs the target's hidden states each step; load it with "
+            "k3_sglang.spec.drafters.draft_checkpoint.load_draft_checkpoint (see its docstring)"
+        )
+    raise ValueError(f"unknown drafter kind {kind!r}; expected one of {', '.join(DRAFTER_KINDS)}")

@@ -1,0 +1,200 @@
+"""Prompt-lookup (n-gram) drafter over each request's own prompt + committed output, confidence calibrated online.
+
+Per request the context is prompt + output; its last token (output[-1]) is the root. The index maps, for every
+n in 1..max_n, an n-gram to the end position of its most recent occurrence whose continuation token is known
+(and to the previous such occurrence, for agreement). Each step only the newly committed tokens are indexed:
+O(new tokens * max_n) dict work, never a rescan of the context.
+
+Proposal: the longest n whose context suffix (ending at the root) occurred earlier; the drafts are the tokens that
+followed its most recent earlier occurrence, chaining into the drafts themselves when the copy runs past the
+context end (periodic text). Features of draft j: (min(j, max_pos), matched-n bucket, source, agreement):
+  n bucket: 0 -> n=1, 1 -> n=2, 2 -> n in 3..4, 3 -> n >= 5
+  source: 0 prompt, 1 output (committed output or the chained drafts)
+  agreement: 0 only one earlier occurrence, 1 the previous occurrence continued differently, 2 it continued the same
+Confidence is the calibrator's conditional acceptance of the bucket; observe() feeds verified outcomes back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from k3_sglang.spec.drafters.base import DraftBlock, DraftRequest, check_gamma, check_observation
+from k3_sglang.spec.drafters.calibrate import BetaBucketCalibrator, CalibratorConfig
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    """min_n..max_n: n-gram sizes; max_pos: positions >= max_pos share a bucket."""
+
+    min_n: int = 1
+    max_n: int = 6
+    max_pos: int = 7
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(f"LookupConfig: need 1 <= min_n ({self.min_n}) <= max_n ({self.max_n})")
+        if self.max_pos < 0:
+            raise ValueError(f"LookupConfig: max_pos must be >= 0, got {self.max_pos}")
+
+
+def n_bucket(n: int) -> int:
+    return 0 if n <= 1 else 1 if n == 2 else 2 if n <= 4 else 3
+
+
+_TOKEN_BITS = 32
+_TOKEN_MASK = (1 << _TOKEN_BITS) - 1
+
+
+def gram_key(gram: Sequence[int]) -> int:
+    """Exact int key of an n-gram (token ids < 2**32): tokens packed from the LAST one backwards."""
+    key = 0
+    for i, tok in enumerate(reversed(gram)):
+        key |= (int(tok) & _TOKEN_MASK) << (_TOKEN_BITS * i)
+    return key
+
+
+@dataclass
+class NgramIndex:
+    """Incremental n-gram index of one token sequence.
+
+    tokens: the sequence so far. last[n][gram_key(g)] = 4 * e + agreement, e the end index (exclusive) of the most
+    recent occurrence tokens[e-n:e] == g with e < len(tokens) (so tokens[e] is its known continuation); agreement
+    0: no earlier occurrence, 1: the previous occurrence continued differently, 2: it continued the same way.
+    Memory: about max_n dict entries per context token (packed int keys, one dict per n).
+    """
+
+    min_n: int
+    max_n: int
+    tokens: list[int] = field(default_factory=list)
+    last: dict[int, dict[int, int]] = field(default_factory=dict)
+    n_indexed: int = 0  # end positions e in [1, n_indexed] are indexed
+
+    def __post_init__(self) -> None:
+        for n in range(self.min_n, self.max_n + 1):
+            self.last.setdefault(n, {})
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        """Append tokens and index every n-gram whose continuation is now known: O(len(new_tokens) * max_n)."""
+        toks = self.tokens
+        toks.extend(int(t) for t in new_tokens)
+        end = len(toks) - 1  # the last end position with a known continuation
+        lo, hi = self.min_n, self.max_n
+        for e in range(max(self.n_indexed + 1, 1), end + 1):
+            nxt = toks[e]
+            key = 0
+            for n in range(1, min(hi, e) + 1):
+                key |= (toks[e - n] & _TOKEN_MASK) << (_TOKEN_BITS * (n - 1))
+                if n < lo:
+                    continue
+                last_n = self.last[n]
+                old = last_n.get(key)
+                agreement = 0 if old is None else (2 if toks[old >> 2] == nxt else 1)
+                last_n[key] = 4 * e + agreement
+        self.n_indexed = max(self.n_indexed, end)
+
+    def match(self) -> tuple[int, int, int] | None:
+        """(n, e, agreement) of the longest suffix n-gram with an earlier occurrence ending at e, or None."""
+        toks = self.tokens
+        L = len(toks)
+        top = min(self.max_n, L - 1)
+        keys = []
+        key = 0
+        for n in range(1, top + 1):
+            key |= (toks[L - n] & _TOKEN_MASK) << (_TOKEN_BITS * (n - 1))
+            keys.append(key)
+        for n in range(top, self.min_n - 1, -1):
+            value = self.last[n].get(keys[n - 1])
+            if value is not None:
+                return n, value >> 2, value & 3
+        return None
+
+
+@dataclass
+class _RequestState:
+    index: NgramIndex
+    n_prompt: int
+    n_output: int = 0  # output tokens already appended to the index
+    last_buckets: list[tuple[int, ...]] = field(default_factory=list)
+    last_conf: list[float] = field(default_factory=list)
+
+
+class LookupDrafter:
+    """Drafter protocol over a per-request NgramIndex and a shared BetaBucketCalibrator."""
+
+    def __init__(self, config: LookupConfig | None = None, calibrator: BetaBucketCalibrator | None = None) -> None:
+        self.config = config or LookupConfig()
+        self.calibrator = calibrator or BetaBucketCalibrator(CalibratorConfig())
+        self._states: dict[str, _RequestState] = {}
+
+    def _state(self, req: DraftRequest) -> _RequestState:
+        st = self._states.get(req.rid)
+        if st is None or len(req.output) < st.n_output:
+            st = _RequestState(index=NgramIndex(self.config.min_n, self.config.max_n), n_prompt=len(req.prompt))
+            st.index.extend(req.prompt)
+            self._states[req.rid] = st
+        if len(req.output) > st.n_output:
+            st.index.extend(req.output[st.n_output:])
+            st.n_output = len(req.output)
+        return st
+
+    def _draft_one(self, st: _RequestState, gamma: int) -> tuple[list[int], list[tuple[int, ...]]]:
+        found = st.index.match()
+        if found is None:
+            return [], []
+        n, e, agreement = found
+        toks = st.index.tokens
+        L = len(toks)
+        nb = n_bucket(n)
+        drafts: list[int] = []
+        buckets: list[tuple[int, ...]] = []
+        for j in range(gamma):
+            src = e + j
+            drafts.append(toks[src] if src < L else drafts[src - L])
+            source = 0 if src < st.n_prompt else 1
+            buckets.append((min(j, self.config.max_pos), nb, source, agreement))
+        return drafts, buckets
+
+    def propose(self, requests: Sequence[DraftRequest], gamma: int) -> DraftBlock:
+        """tokens/conf [N, gamma], n_drafted [N]; conf[b, j] = calibrated q of draft j's bucket."""
+        check_gamma(gamma)
+        block = DraftBlock.empty(len(requests), gamma)
+        for b, req in enumerate(requests):
+            st = self._state(req)
+            drafts, buckets = self._draft_one(st, gamma)
+            conf = [self.calibrator.estimate(k) for k in buckets]
+            st.last_buckets, st.last_conf = buckets, conf
+            k = len(drafts)
+            if k:
+                block.tokens[b, :k] = drafts
+                block.conf[b, :k] = conf
+                block.n_drafted[b] = k
+        return block
+
+    def observe(self, rid: str, n_verified: int, n_accepted: int) -> None:
+        st = self._states.get(rid)
+        if st is None:
+            return
+        check_observation(n_verified, n_accepted, len(st.last_buckets))
+        self.calibrator.update(st.last_buckets, n_verified, n_accepted, predicted=st.last_conf)
+        st.last_buckets, st.last_conf = [], []
+
+    def release(self, rid: str) -> None:
+        self._states.pop(rid, None)
+
+    def num_tracked(self) -> int:
+        return len(self._states)
+
+
+def reference_match(tokens: Sequence[int], min_n: int, max_n: int) -> tuple[int, int, int] | None:
+    """From-scratch reference of NgramIndex.match: O(L * max_n) scan (tests only)."""
+    toks = list(tokens)
+    L = len(toks)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        gram = toks[L - n:]
+        ends = [e for e in range(n, L) if toks[e - n:e] == gram]
+        if ends:
+            e = ends[-1]
+            agreement = 0 if len(ends) == 1 else (2 if toks[ends[-2]] == toks[e] else 1)
+            return n, e, agreement
+    return None
+

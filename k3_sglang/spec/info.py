@@ -1,0 +1,95 @@
+"""The verify input of one K3_CSV step (what the model's layers read in TARGET_VERIFY).
+
+A step verifies a chain per request: its root (the last committed token, whose KV is not written yet) followed by
+verify_lens[b] - 1 drafts, packed request after request into T = sum(verify_lens) rows. MLA attends these rows as
+an extend over the committed prefix (lower-right causal); KDA runs them as verify_lens[b] recurrent steps from the
+slot's state without writing the pool, and leaves its per-token record here for `commit_verify`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
+
+
+@dataclass(frozen=True)
+class VerifyLayout:
+    """Host-side layout of a verify batch: verify_lens [B] (>= 1 each), committed seq_lens [B]."""
+
+    verify_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.verify_lens) != len(self.seq_lens) or not self.verify_lens:
+            raise ValueError(f"VerifyLayout: {len(self.verify_lens)} verify lengths for {len(self.seq_lens)} requests")
+        if min(self.verify_lens) < 1:
+            raise ValueError(f"VerifyLayout: every request verifies its root (length >= 1), got {self.verify_lens}")
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.verify_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.verify_lens)
+
+    @property
+    def l_max(self) -> int:
+        return max(self.verify_lens)
+
+    def qo_indptr(self) -> list[int]:
+        out = [0]
+        for n in self.verify_lens:
+            out.append(out[-1] + n)
+        return out
+
+    def positions(self) -> torch.Tensor:
+        """[T] int64 absolute position of each packed row (seq_len + j)."""
+        return torch.cat([torch.arange(s, s + n, dtype=torch.int64) for s, n in zip(self.seq_lens, self.verify_lens)])
+
+    def dense_index(self) -> torch.Tensor:
+        """[B, L_max] int64: packed row of (request b, step t), or T (a padding row) where t >= verify_lens[b]."""
+        t_max, total = self.l_max, self.num_tokens
+        steps = torch.arange(t_max)
+        lens = torch.tensor(self.verify_lens)
+        starts = torch.tensor(self.qo_indptr()[:-1])
+        idx = starts[:, None] + steps[None, :]
+        return torch.where(steps[None, :] < lens[:, None], idx, torch.full_like(idx, total))
+
+    def packed_index(self) -> torch.Tensor:
+        """[T] int64: flat index into a [B, L_max] tensor of each packed row."""
+        t_max = self.l_max
+        return torch.cat([torch.arange(b * t_max, b * t_max + n) for b, n in enumerate(self.verify_lens)])
+
+
+class K3VerifyInput(SpecInput):
+    """SGLang's spec_info for a K3_CSV TARGET_VERIFY forward (a chain per request, no custom mask)."""
+
+    def __init__(self, layout: VerifyLayout, draft_token_num: int, device: torch.device | str = "cpu"):
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+        from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
+
+        super().__init__(SpecInputType.NGRAM_VERIFY)
+        self.layout = layout
+        self.verify_lens = list(layout.verify_lens)
+        self.draft_token_num = draft_token_num
+        self.num_tokens_per_req = draft_token_num
+        self.num_tokens_for_logprob_per_req = draft_token_num
+        self.positions = layout.positions().to(device)
+        self.dense_index = layout.dense_index().to(device)
+        self.packed_index = layout.packed_index().to(device)
+        self.capture_hidden_mode = CaptureHiddenMode.NULL
+        self.custom_mask = None
+        # SGLang's hybrid linear backend reads query_start_loc from here for a ragged verify
+        self.ragged_verify_layout = RaggedVerifyLayout.from_verify_lens(
+            verify_lens_cpu=self.verify_lens, device=torch.device(device), grid=[layout.num_tokens])
+        # layer id -> (VerifyRecord, KDAStateView), written by each KDA layer's verify, consumed by commit_verify
+        self.kda_records: dict = {}
+
+    def filter_batch(self, new_indices, new_indices_cpu=None):  # a verify input never outlives its step
+        raise RuntimeError("K3VerifyInput is per step; the draft state between steps is the scheduler's spec_info")
+
+    def merge_batch(self, other):
+        raise RuntimeError("K3VerifyInput is per step; the draft state between steps is the scheduler's spec_info")

@@ -1,0 +1,127 @@
+"""Per-step decisions of K3_CSV: which requests may speculate, their drafts, and each one's verify length.
+
+A batch speculates only when every request is plain greedy (no logprobs, grammar, penalties, logit bias, custom
+logit processors or sampling): the others are served by plain decode steps, never refused. A request's cap is
+min(chain width, 1 + drafted tokens, tokens it may still emit, context left). The planner (spec/planner.py)
+turns the drafts' survival probabilities and the step-cost model into lengths; `static` verifies every cap
+(verify-all), `decode` never verifies. Under TP every rank takes TP rank 0's lengths and drafts.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from k3_sglang.spec.settings import SpecSettings
+
+logger = logging.getLogger(__name__)
+
+# CPU affine default when no K3_SPEC_COST_TABLE is given: the fit `k3 bench profile-verify` measured for the bf16
+# tiny K3 on 2 cores (docs/verify-cost-cpu.json, 2026-12-03), rounded
+DEFAULT_CPU_COST = dict(c0=0.0170, c_req=0.00044, c_tok=0.00032, c_lmax=0.00136, d0=0.0181, d_req=0.00019)
+
+
+def speculation_allowed(batch) -> bool:
+    """True when greedy argmax over raw logits is exactly what SGLang's sampler would pick for every request."""
+    info = batch.sampling_info
+    if batch.return_logprob or batch.has_grammar or info is None or not info.is_all_greedy:
+        return False
+    orchestrator = info.penalizer_orchestrator
+    if orchestrator is not None and orchestrator.is_required:
+        return False
+    if info.logit_bias is not None or info.has_custom_logit_processor or info.grammars is not None:
+        return False
+    return not getattr(info, "has_watermark_candidates", False)
+
+
+def remaining_tokens(req) -> int:
+    limit = req.sampling_params.max_new_tokens
+    left = (limit - len(req.output_ids)) if limit is not None else 1 << 30
+    return max(1, int(left))
+
+
+class StepPolicy:
+    """Drafter + planner for one worker; deterministic for identical inputs."""
+
+    def __init__(self, settings: SpecSettings, gamma: int, vocab_size: int):
+        self.settings, self.gamma, self.vocab_size = settings, gamma, vocab_size
+        self._drafter = None
+        self._planner = None
+        self._running: set[str] = set()
+
+    @property
+    def drafter(self):
+        if self._drafter is None:
+            from k3_sglang.spec.drafters import build_drafter
+
+            s = self.settings
+            self._drafter = build_drafter(s.drafter, oracle_path=s.oracle, profile=s.profile, seed=s.seed,
+                                          vocab_size=self.vocab_size)
+        return self._drafter
+
+    @property
+    def planner(self):
+        if self._planner is None:
+            from k3_sglang.spec.cost import AffineCost, load_cost
+            from k3_sglang.spec.planner import Planner
+
+            cost = load_cost(self.settings.cost_table) if self.settings.cost_table else AffineCost(**DEFAULT_CPU_COST)
+            self._planner = Planner(cost, self.settings.verify_mode)
+        return self._planner
+
+    def release(self, rid: str) -> None:
+        if self._drafter is not None:
+            self._drafter.release(rid)
+
+    def reset(self) -> None:
+        self._drafter = None
+
+    def plan(self, batch, width: int, context_len: int, tp_group) -> tuple[list[int], list[list[int]]]:
+        """(verify_lens [B] >= 1, drafts [B] lists of at least verify_len - 1 tokens) for this decode step."""
+        lens, drafts = self._plan_local(batch, width, context_len)
+        if tp_group is not None and tp_group.world_size > 1:
+            lens, drafts = tp_group.broadcast_object((lens, drafts), src=0)
+        return lens, drafts
+
+    def _forget_departed(self, reqs) -> None:
+        """Drop drafter state of requests that left the decode batch (finished, aborted or retracted: a retracted
+        request that comes back is indexed again from its context)."""
+        current = {r.rid for r in reqs}
+        for rid in self._running - current:
+            self.release(rid)
+        self._running = current
+
+    def _plan_local(self, batch, width: int, context_len: int) -> tuple[list[int], list[list[int]]]:
+        reqs = batch.reqs
+        bs = len(reqs)
+        s = self.settings
+        self._forget_departed(reqs)
+        if bs == 0 or s.verify_mode == "decode" or not speculation_allowed(batch):
+            return [1] * bs, [[] for _ in range(bs)]
+        seq = batch.seq_lens_cpu.tolist()
+        hard = [max(1, min(width, remaining_tokens(r), context_len - int(n))) for r, n in zip(reqs, seq)]
+        if s.force_verify_len is not None:  # profiling: exactly this length, drafts = the root repeated
+            lens = [min(s.force_verify_len, h) for h in hard]
+            return lens, [[int(r.output_ids[-1])] * (n - 1) for r, n in zip(reqs, lens)]
+        from k3_sglang.spec.drafters.base import DraftRequest
+
+        block = self.drafter.propose([DraftRequest(r.rid, r.origin_input_ids, r.output_ids) for r in reqs],
+                                     self.gamma)
+        caps = np.minimum(np.asarray(hard, dtype=np.int64), 1 + np.asarray(block.n_drafted, dtype=np.int64))
+        survival = np.array(block.survival(), dtype=np.float64)
+        cols = np.arange(survival.shape[1])[None, :]
+        survival = np.where(cols < (caps[:, None] - 1), survival, 0.0)
+        decision = self.planner.plan(survival, caps)
+        lens = [int(n) for n in decision.verify_lens] if decision.mode == "verify" else [1] * bs
+        drafts = [[int(t) for t in block.tokens[i, : n - 1]] for i, n in enumerate(lens)]
+        return lens, drafts
+
+    def observe(self, reqs, lens: list[int], commit_lens: list[int]) -> None:
+        if self._drafter is None:
+            return
+        for req, n, c in zip(reqs, lens, commit_lens):
+            if n > 1:
+                try:
+                    self._drafter.observe(req.rid, n - 1, c - 1)
+                except ValueError as e:  # a calibration update is never worth a failed step
+                    logger.warning("K3_CSV: drafter observation for %s dropped: %s", req.rid, e)

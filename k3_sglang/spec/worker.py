@@ -1,0 +1,168 @@
+"""K3_CSV's worker: SGLang's scheduler calls `forward_batch_generation` once per step (V2 schema, no overlap).
+
+1. Extend rounds (prefill, chunked prefill) run the plain target forward and sample the first token.
+2. Decode rounds: the policy (spec/policy.py) asks the drafter for a chain per request with per-token confidence
+   and the planner for each request's verify length (1 = no draft); every TP rank uses rank 0's lengths.
+3. All lengths 1: a plain decode forward (the root at the committed position; KDA advances in place).
+4. Otherwise one TARGET_VERIFY forward over the packed chains (spec/info.py): MLA attends them as an extend over
+   the committed prefix and writes their KV rows into the slots SGLang reserved; KDA runs them without touching
+   its pool and keeps a per-token record. Greedy acceptance (spec/accept.py) gives commit_len = accepted + 1 per
+   request, `commit_verify` replays the KDA record up to it, and the accepted drafts plus the bonus token go back
+   to the scheduler (stride = chain width). Rejected rows' KV slots stay reserved past the committed length and
+   are overwritten by the next step.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+from k3_sglang.spec.accept import accept_greedy
+from k3_sglang.spec.info import K3VerifyInput, VerifyLayout
+from k3_sglang.spec.policy import StepPolicy
+from k3_sglang.spec.settings import spec_settings
+from k3_sglang.spec.step_record import StepRecorder
+
+logger = logging.getLogger(__name__)
+
+
+class K3SpecWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
+        super().__init__()
+        from sglang.srt.distributed import get_tp_group
+        from sglang.srt.runtime_context import get_device, get_spec
+
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None
+        self.model_runner = target_worker.model_runner
+        self.device = get_device().device
+        self.width = int(get_spec().speculative_num_draft_tokens)
+        self.speculative_num_draft_tokens = self.width
+        self.settings = spec_settings()
+        vocab = int(self.model_runner.model_config.vocab_size)
+        self.policy = StepPolicy(self.settings, self.width - 1, vocab)
+        self.tp_group = get_tp_group()
+        self.recorder = StepRecorder(self.settings.record, rank=self.tp_group.rank_in_group)
+        self.context_len = int(self.model_runner.model_config.context_len)
+        logger.info("K3_CSV: chain width %d, drafter %s, verify mode %s", self.width, self.settings.drafter,
+                    self.settings.verify_mode)
+
+    @property
+    def draft_worker(self):
+        return None  # drafts come from the request's own context (spec/drafters), no draft model
+
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
+        self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        self.policy.release(rid)
+
+    def clear_cache_pool(self) -> None:
+        self.policy.reset()
+
+    # -- one scheduler step
+    def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None) -> GenerationBatchResult:
+        if batch.forward_mode.is_decode():
+            return self._decode_round(batch, on_publish)
+        return self._extend_round(batch, on_publish, pp_proxy_tensors)
+
+    def _draft_state(self, new_seq_lens, accept_tokens, accept_lens) -> NgramVerifyInput:
+        return NgramVerifyInput(draft_token_num=self.width, new_seq_lens=new_seq_lens, accept_tokens=accept_tokens,
+                                accept_lens=accept_lens)
+
+    def _result(self, logits_output, next_token_ids, accept_lens, new_seq_lens, accept_tokens):
+        return GenerationBatchResult(
+            logits_output=logits_output, next_token_ids=next_token_ids, can_run_cuda_graph=False,
+            accept_lens=accept_lens, new_seq_lens=new_seq_lens,
+            next_draft_input=self._draft_state(new_seq_lens, accept_tokens, accept_lens),
+            speculative_num_draft_tokens=self.width)
+
+    def _extend_round(self, batch, on_publish, pp_proxy_tensors) -> GenerationBatchResult:
+        res = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
+        bs = len(batch.reqs)
+        predict = res.next_token_ids
+        accept_tokens = torch.zeros(bs, self.width, dtype=torch.int32, device=self.device)
+        if bs:
+            accept_tokens[:, 0] = predict
+        accept_lens = torch.ones(bs, dtype=torch.int32, device=self.device)
+        new_seq_lens = batch.seq_lens.clone()
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        return self._result(res.logits_output, predict, accept_lens, new_seq_lens, accept_tokens.flatten())
+
+    def _decode_round(self, batch, on_publish) -> GenerationBatchResult:
+        t0 = time.perf_counter()
+        lens, drafts = self.policy.plan(batch, self.width, self.context_len, self.tp_group)
+        if max(lens) <= 1:
+            result, kind, accepted = self._plain_decode(batch), "decode", 0
+        else:
+            result, accepted = self._verify(batch, lens, drafts)
+            kind = "verify"
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        self.recorder.step(kind=kind, n_reqs=len(lens), n_tokens=sum(lens), l_max=max(lens),
+                           seconds=time.perf_counter() - t0, drafted=sum(lens) - len(lens), accepted=accepted)
+        return result
+
+    def _plain_decode(self, batch) -> GenerationBatchResult:
+        """One token per request at its committed position (SGLang reserved the slots in req_to_token)."""
+        bs = len(batch.reqs)
+        seq, seq_cpu = batch.seq_lens, batch.seq_lens_cpu
+        req_to_token = self.req_to_token_pool.req_to_token
+        batch.forward_mode = ForwardMode.DECODE
+        batch.input_ids = torch.tensor([req.output_ids[-1] for req in batch.reqs], dtype=torch.int64,
+                                       device=self.device)
+        batch.out_cache_loc = req_to_token[batch.req_pool_indices.long(), seq.long()].to(torch.int64)
+        batch.seq_lens = seq + 1
+        batch.seq_lens_cpu = seq_cpu + 1
+        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        batch.spec_info = None
+        res = self._target_worker.forward_batch_generation(batch)
+        predict = res.next_token_ids
+        out = res.logits_output
+        if out is not None and out.next_token_logprobs is not None:  # speculative results hold a list per request
+            out.next_token_logprobs = out.next_token_logprobs.view(bs, 1)
+        accept_tokens = torch.zeros(bs, self.width, dtype=torch.int32, device=self.device)
+        accept_tokens[:, 0] = predict
+        accept_tokens = accept_tokens.flatten()
+        accept_lens = torch.ones(bs, dtype=torch.int32, device=self.device)
+        return self._result(res.logits_output, accept_tokens, accept_lens, seq + 1, accept_tokens)
+
+    def _verify(self, batch, lens: list[int], drafts: list[list[int]]) -> tuple[GenerationBatchResult, int]:
+        bs = len(batch.reqs)
+        seq_cpu = [int(n) for n in batch.seq_lens_cpu.tolist()]
+        layout = VerifyLayout(tuple(lens), tuple(seq_cpu))
+        tokens: list[int] = []
+        for req, n, d in zip(batch.reqs, lens, drafts):
+            tokens.append(int(req.output_ids[-1]))
+            tokens.extend(d[: n - 1])
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        req_to_token = self.req_to_token_pool.req_to_token
+        rows = batch.req_pool_indices.tolist()
+        out_cache_loc = torch.cat([req_to_token[r, s: s + n] for r, s, n in zip(rows, seq_cpu, lens)]).to(torch.int64)
+        spec = K3VerifyInput(layout, self.width, self.device)
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        batch.input_ids = ids
+        batch.out_cache_loc = out_cache_loc
+        batch.spec_info = spec
+        res = self._target_worker.forward_batch_generation(batch, is_verify=True)
+        logits = res.logits_output.next_token_logits
+        if logits.shape[0] != layout.num_tokens:
+            raise RuntimeError(f"K3_CSV verify: {logits.shape[0]} logit rows for {layout.num_tokens} verified tokens")
+        commit_lens, outs = accept_greedy(torch.argmax(logits, -1), ids, lens)
+        self.model_runner.model.commit_verify(spec, torch.tensor(commit_lens, dtype=torch.int64))
+        self.policy.observe(batch.reqs, lens, commit_lens)
+        next_ids = torch.zeros(bs, self.width, dtype=torch.int32)
+        for i, out in enumerate(outs):
+            next_ids[i, : len(out)] = torch.tensor(out, dtype=torch.int32)
+        next_ids = next_ids.flatten().to(self.device)
+        accept_lens = torch.tensor(commit_lens, dtype=torch.int32, device=self.device)
+        new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.dtype)
+        return self._result(res.logits_output, next_ids, accept_lens, new_seq_lens, next_ids), sum(commit_lens) - bs

@@ -1,0 +1,172 @@
+"""K3_CSV (confidence-scheduled verification, k3_sglang/spec) end to end on CPU: lossless against no-spec.
+
+The reference is conftest.py's float32 server without speculation. A K3_CSV server with the same flags runs
+the controlled drafter (the reference's own continuations, corrupted per request at K3-like acceptance, profile
+`mix`) in `compact` mode (the planner, on a cost table where verification pays): its greedy outputs must be
+token-identical at concurrency 1 and 16 while it really speculates (verify steps with accepted drafts, read from its per-step
+K3_SPEC_RECORD). A second K3_CSV server runs the default prompt-lookup drafter in `static` mode (verify-all) on
+repetitive prompts. Requests the worker must not speculate on (logprobs, sampling) are served by plain decode
+steps, never refused. The slow tier adds TP2/DCP2 (a third server).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import httpx
+import pytest
+import torch
+
+from k3_sglang.serving.process import K3ServerProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+SAME_AS_REFERENCE = ["--dtype", "float32", "--chunked-prefill-size", "64", "--max-total-tokens", "8192"]
+VOCAB = 760  # token ids the tiny checkpoint embeds safely (as test_pp_serve.py)
+NEW_TOKENS = 32
+
+
+def _random_prompt(n: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (n,), generator=gen).tolist()
+
+
+def _repetitive_prompt(seed: int) -> list[int]:
+    """A span quoted several times with other tokens between (tool output pasted back into an agent's prompt)."""
+    span = _random_prompt(24, seed)
+    out: list[int] = []
+    for i in range(4):
+        out += _random_prompt(9, seed * 10 + i) + span
+    return out
+
+
+PROMPTS = [_random_prompt(n, 500 + i) for i, n in enumerate([7, 40, 90, 150, 230, 300, 64, 65,
+                                                             12, 33, 77, 128, 181, 200, 5, 260])]
+
+
+def _generate(url: str, ids: list[int], n: int = NEW_TOKENS, **extra) -> dict:
+    params = {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+    params.update(extra.pop("sampling", {}))
+    r = httpx.post(url + "/generate", json={"input_ids": ids, "sampling_params": params, **extra}, timeout=600)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _parallel(url: str, prompts: list[list[int]]) -> list[list[int]]:
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        return [r["output_ids"] for r in pool.map(lambda p: _generate(url, p), prompts)]
+
+
+def _records(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def references(server) -> list[list[int]]:
+    return [_generate(server.url, p)["output_ids"] for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def oracle(references, tmp_path_factory):
+    """The reference's continuations: what the controlled drafter replays (with its per-request errors)."""
+    path = tmp_path_factory.mktemp("spec-oracle") / "oracle.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": p, "output_ids": o}) + "\n" for p, o in zip(PROMPTS, references)))
+    return path
+
+
+def _controlled_server(tiny_dir, oracle, work, flags=()):
+    """The planner runs on a cost table where verified tokens are cheap, so that it verifies at every batch size
+    here (the measured CPU table would decode plainly at 16 requests; the planner's choices are tests/spec's)."""
+    from k3_sglang.spec.cost import AffineCost, save_cost
+
+    record, cost = work / "steps.jsonl", work / "cost.json"
+    save_cost(AffineCost(c0=0.015, c_req=0.0, c_tok=0.0001, c_lmax=0.0, d0=0.015, d_req=0.0005), cost,
+              {"purpose": "tests/e2e/test_spec_serve.py: verification pays at every batch size"})
+    env = {"K3_SPEC_DRAFTER": "controlled", "K3_SPEC_ORACLE": str(oracle), "K3_SPEC_PROFILE": "mix",
+           "K3_SPEC_VERIFY_MODE": "compact", "K3_SPEC_RECORD": str(record), "K3_SPEC_COST_TABLE": str(cost)}
+    proc = K3ServerProcess(["--model-path", str(tiny_dir), *SAME_AS_REFERENCE, "--speculative-algorithm", "K3_CSV",
+                            "--speculative-num-draft-tokens", "8", *flags], work / "serve.log", env=env)
+    return proc.start(timeout_s=600), record
+
+
+@pytest.fixture(scope="module")
+def controlled(tiny_dir, oracle, tmp_path_factory):
+    proc, record = _controlled_server(tiny_dir, oracle, tmp_path_factory.mktemp("spec-controlled"))
+    yield proc, record
+    proc.stop()
+
+
+def test_controlled_drafter_lossless_at_concurrency_1(controlled, references):
+    proc, record = controlled
+    before = len(_records(record))
+    for prompt, ref in zip(PROMPTS[:6], references[:6]):
+        assert _generate(proc.url, prompt)["output_ids"] == ref
+    steps = _records(record)[before:]
+    verify = [s for s in steps if s["kind"] == "verify"]
+    assert verify, "the controlled drafter at K3-like acceptance never verified a draft"
+    accepted = sum(s["accepted"] for s in verify)
+    assert accepted > len(verify), f"{accepted} drafts accepted over {len(verify)} verify steps"
+    assert len(steps) < 6 * (NEW_TOKENS - 1), "speculation did not cut the number of decode steps"
+
+
+def test_controlled_drafter_lossless_at_concurrency_16(controlled, references):
+    proc, record = controlled
+    before = len(_records(record))
+    assert _parallel(proc.url, PROMPTS) == references
+    steps = _records(record)[before:]
+    assert max(s["n_reqs"] for s in steps) > 1
+    assert any(s["kind"] == "verify" and s["n_reqs"] > 1 for s in steps)
+
+
+def test_logprob_and_sampled_requests_fall_back_to_plain_decode(controlled, server, references):
+    proc, record = controlled
+    before = len(_records(record))
+    got = _generate(proc.url, PROMPTS[2], return_logprob=True)
+    want = _generate(server.url, PROMPTS[2], return_logprob=True)
+    assert got["output_ids"] == references[2]
+    got_lp = [x[0] for x in got["meta_info"]["output_token_logprobs"]]
+    want_lp = [x[0] for x in want["meta_info"]["output_token_logprobs"]]
+    assert len(got_lp) == NEW_TOKENS and max(abs(a - b) for a, b in zip(got_lp, want_lp)) < 1e-4
+    assert all(s["kind"] == "decode" for s in _records(record)[before:])
+    sampled = _generate(proc.url, PROMPTS[3], sampling={"temperature": 0.8, "top_p": 0.9})
+    assert len(sampled["output_ids"]) == NEW_TOKENS
+    short = _generate(proc.url, PROMPTS[4], n=5)  # the remaining-token cap: never more than max_new_tokens
+    assert short["output_ids"] == references[4][:5]
+
+
+@pytest.fixture(scope="module")
+def lookup(tiny_dir, tmp_path_factory):
+    work = tmp_path_factory.mktemp("spec-lookup")
+    record = work / "steps.jsonl"
+    env = {"K3_SPEC_DRAFTER": "lookup", "K3_SPEC_VERIFY_MODE": "static", "K3_SPEC_RECORD": str(record)}
+    proc = K3ServerProcess(["--model-path", str(tiny_dir), *SAME_AS_REFERENCE, "--speculative-algorithm", "K3_CSV",
+                            "--speculative-num-draft-tokens", "4"], work / "serve.log", env=env)
+    proc.start(timeout_s=400)
+    yield proc, record
+    proc.stop()
+
+
+def test_lookup_drafter_static_mode_lossless(lookup, server):
+    proc, record = lookup
+    prompts = [_repetitive_prompt(s) for s in (1, 2, 3, 4)]
+    want = [_generate(server.url, p, n=48)["output_ids"] for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = [r["output_ids"] for r in pool.map(lambda p: _generate(proc.url, p, n=48), prompts)]
+    assert got == want
+    verify = [s for s in _records(record) if s["kind"] == "verify"]
+    assert verify, "prompt lookup found nothing to draft in prompts that quote the same span four times"
+    assert all(s["l_max"] <= 4 for s in verify)
+
+
+@pytest.mark.slow
+def test_dcp2_verify_lossless(tiny_dir, oracle, references, tmp_path_factory):
+    """TP2/DCP2: every rank takes TP rank 0's verify lengths; the chains' MLA rows are striped over the DCP ranks
+    and attended as a sharded extend (exact LSE merge)."""
+    proc, record = _controlled_server(tiny_dir, oracle, tmp_path_factory.mktemp("spec-dcp2"),
+                                      ["--tp-size", "2", "--dcp-size", "2"])
+    try:
+        assert _parallel(proc.url, PROMPTS[:4]) == references[:4]
+        assert _generate(proc.url, PROMPTS[5])["output_ids"] == references[5]
+    finally:
+        proc.stop()
+    verify = [s for s in _records(record) if s["kind"] == "verify"]
+    assert verify and sum(s["accepted"] for s in verify) > len(verify)

@@ -1,0 +1,97 @@
+"""StepPolicy (k3_sglang/spec/policy.py) on stand-in batches: who may speculate, caps, forced lengths, cleanup."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from k3_sglang.spec.policy import StepPolicy, speculation_allowed
+from k3_sglang.spec.settings import SpecSettings
+
+
+def _info(**kw):
+    base = dict(is_all_greedy=True, penalizer_orchestrator=SimpleNamespace(is_required=False), logit_bias=None,
+                has_custom_logit_processor=False, grammars=None, has_watermark_candidates=False)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def _req(rid, prompt, output, max_new=64):
+    return SimpleNamespace(rid=rid, origin_input_ids=prompt, output_ids=output,
+                           sampling_params=SimpleNamespace(max_new_tokens=max_new))
+
+
+def _batch(reqs, **info):
+    seq = [len(r.origin_input_ids) + len(r.output_ids) - 1 for r in reqs]  # committed: the root's KV is not written
+    return SimpleNamespace(reqs=reqs, return_logprob=False, has_grammar=False, sampling_info=_info(**info),
+                           seq_lens_cpu=torch.tensor(seq))
+
+
+def test_only_plain_greedy_batches_speculate():
+    reqs = [_req("a", [1, 2, 3], [4])]
+    assert speculation_allowed(_batch(reqs))
+    assert not speculation_allowed(_batch(reqs, is_all_greedy=False))
+    assert not speculation_allowed(_batch(reqs, penalizer_orchestrator=SimpleNamespace(is_required=True)))
+    assert not speculation_allowed(_batch(reqs, logit_bias=torch.zeros(1, 8)))
+    b = _batch(reqs)
+    b.return_logprob = True
+    assert not speculation_allowed(b)
+
+
+def test_forced_length_respects_remaining_tokens():
+    policy = StepPolicy(SpecSettings(force_verify_len=4), gamma=7, vocab_size=100)
+    reqs = [_req("a", [1, 2, 3], [9], max_new=10), _req("b", [5, 6], [7, 8], max_new=3)]
+    lens, drafts = policy._plan_local(_batch(reqs), width=8, context_len=1000)
+    assert lens == [4, 1]  # b may emit one more token: no draft
+    assert drafts[0] == [9, 9, 9] and drafts[1] == []
+
+
+def test_lookup_drafts_a_repeated_span_and_static_verifies_it():
+    span = [11, 12, 13, 14, 15, 16, 17, 18]
+    prompt = [1, 2] + span + [3, 4] + span[:3]
+    policy = StepPolicy(SpecSettings(verify_mode="static"), gamma=3, vocab_size=100)
+    reqs = [_req("a", prompt[:-1], [prompt[-1]]), _req("b", [50, 51, 52], [53])]
+    lens, drafts = policy._plan_local(_batch(reqs), width=4, context_len=1000)
+    assert lens[0] == 4 and drafts[0] == span[3:6]  # what followed the span's first three tokens before
+    assert lens[1] == 1  # nothing to look up
+
+
+def test_decode_mode_and_zero_confidence_never_verify():
+    reqs = [_req("a", [1, 2, 3, 1, 2], [3])]
+    assert StepPolicy(SpecSettings(verify_mode="decode"), 3, 100)._plan_local(_batch(reqs), 4, 1000)[0] == [1]
+    policy = StepPolicy(SpecSettings(verify_mode="compact"), 3, 100)
+
+    class Zero:
+        def propose(self, requests, gamma):
+            from k3_sglang.spec.drafters.base import DraftBlock
+
+            n = len(requests)
+            return DraftBlock(np.ones((n, gamma), np.int64), np.zeros((n, gamma)), np.full(n, gamma, np.int64))
+
+        def release(self, rid):
+            pass
+
+    policy._drafter = Zero()
+    assert policy._plan_local(_batch(reqs), 4, 1000)[0] == [1]
+
+
+def test_departed_requests_are_released():
+    released = []
+    policy = StepPolicy(SpecSettings(verify_mode="decode"), 3, 100)
+    policy._drafter = SimpleNamespace(release=released.append)
+    policy._plan_local(_batch([_req("a", [1], [2]), _req("b", [1], [2])]), 4, 100)
+    policy._plan_local(_batch([_req("b", [1], [2, 3])]), 4, 100)
+    assert released == ["a"]
+
+
+def test_measured_cpu_cost_verifies_alone_and_decodes_at_64():
+    """With the built-in CPU fit, K3-chat-like confidence (q = 0.64) pays at batch 1 and not at batch 64."""
+    from k3_sglang.spec.cost import AffineCost
+    from k3_sglang.spec.planner import plan_step
+    from k3_sglang.spec.policy import DEFAULT_CPU_COST
+
+    cost = AffineCost(**DEFAULT_CPU_COST)
+    survival = lambda n: np.cumprod(np.full((n, 7), 0.64), axis=1)  # noqa: E731
+    assert plan_step(survival(1), np.array([8]), cost, "compact").mode == "verify"
+    assert plan_step(survival(64), np.full(64, 8), cost, "compact").mode == "decode"
