@@ -44,17 +44,12 @@ class K3SpecAlgo(CustomSpecAlgo):
     def build_disagg_draft_input(self, batch, last_tokens_tensor, future_map):
         """PD decode: the first decode batch after the KV arrived. Our drafter needs only token ids (it reads the
         request's own context), so the draft state is just the committed lengths and the bonus token."""
-        import torch
         from sglang.srt.runtime_context import get_spec
-        from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
-        width = int(get_spec().speculative_num_draft_tokens)
-        bs = last_tokens_tensor.shape[0]
-        accept = torch.zeros(bs, width, dtype=torch.int32, device=last_tokens_tensor.device)
-        accept[:, 0] = last_tokens_tensor
-        return NgramVerifyInput(draft_token_num=width, new_seq_lens=batch.seq_lens.clone(),
-                                accept_tokens=accept.flatten(),
-                                accept_lens=torch.ones(bs, dtype=torch.int32, device=last_tokens_tensor.device))
+        from k3_sglang.spec.info import one_token_draft_state
+
+        return one_token_draft_state(int(get_spec().speculative_num_draft_tokens), batch.seq_lens.clone(),
+                                     last_tokens_tensor)
 
     def has_draft_kv(self) -> bool:
         return False

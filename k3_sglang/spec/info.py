@@ -45,23 +45,37 @@ class VerifyLayout:
             out.append(out[-1] + n)
         return out
 
+    def valid(self) -> torch.Tensor:
+        """[B, L_max] bool: step t of request b is part of its chain (t < verify_lens[b])."""
+        return torch.arange(self.l_max)[None, :] < torch.tensor(self.verify_lens)[:, None]
+
     def positions(self) -> torch.Tensor:
         """[T] int64 absolute position of each packed row (seq_len + j)."""
-        return torch.cat([torch.arange(s, s + n, dtype=torch.int64) for s, n in zip(self.seq_lens, self.verify_lens)])
+        grid = torch.tensor(self.seq_lens, dtype=torch.int64)[:, None] + torch.arange(self.l_max)[None, :]
+        return grid[self.valid()]
 
     def dense_index(self) -> torch.Tensor:
         """[B, L_max] int64: packed row of (request b, step t), or T (a padding row) where t >= verify_lens[b]."""
-        t_max, total = self.l_max, self.num_tokens
-        steps = torch.arange(t_max)
-        lens = torch.tensor(self.verify_lens)
-        starts = torch.tensor(self.qo_indptr()[:-1])
-        idx = starts[:, None] + steps[None, :]
-        return torch.where(steps[None, :] < lens[:, None], idx, torch.full_like(idx, total))
+        valid = self.valid()
+        index = torch.full(valid.shape, self.num_tokens, dtype=torch.int64)
+        index[valid] = torch.arange(self.num_tokens)
+        return index
 
     def packed_index(self) -> torch.Tensor:
         """[T] int64: flat index into a [B, L_max] tensor of each packed row."""
-        t_max = self.l_max
-        return torch.cat([torch.arange(b * t_max, b * t_max + n) for b, n in enumerate(self.verify_lens)])
+        return self.valid().flatten().nonzero().flatten()
+
+
+def one_token_draft_state(width: int, new_seq_lens: torch.Tensor, tokens: torch.Tensor):
+    """SGLang's between-steps speculative state after a step that emitted one token per request (`tokens` [B]):
+    accept_tokens [B * width] with the token in column 0, accept_lens all 1 (the NGRAM worker's layout)."""
+    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+    bs = tokens.shape[0]
+    accept = torch.zeros(bs, width, dtype=torch.int32, device=tokens.device)
+    accept[:, 0] = tokens
+    return NgramVerifyInput(draft_token_num=width, new_seq_lens=new_seq_lens, accept_tokens=accept.flatten(),
+                            accept_lens=torch.ones(bs, dtype=torch.int32, device=tokens.device))
 
 
 class K3VerifyInput(SpecInput):

@@ -24,7 +24,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
 from k3_sglang.spec.accept import accept_greedy
-from k3_sglang.spec.info import K3VerifyInput, VerifyLayout
+from k3_sglang.spec.info import K3VerifyInput, VerifyLayout, one_token_draft_state
 from k3_sglang.spec.policy import StepPolicy
 from k3_sglang.spec.settings import spec_settings
 from k3_sglang.spec.step_record import StepRecorder
@@ -73,29 +73,22 @@ class K3SpecWorker(BaseSpecWorker):
             return self._decode_round(batch, on_publish)
         return self._extend_round(batch, on_publish, pp_proxy_tensors)
 
-    def _draft_state(self, new_seq_lens, accept_tokens, accept_lens) -> NgramVerifyInput:
-        return NgramVerifyInput(draft_token_num=self.width, new_seq_lens=new_seq_lens, accept_tokens=accept_tokens,
-                                accept_lens=accept_lens)
-
-    def _result(self, logits_output, next_token_ids, accept_lens, new_seq_lens, accept_tokens):
-        return GenerationBatchResult(
-            logits_output=logits_output, next_token_ids=next_token_ids, can_run_cuda_graph=False,
-            accept_lens=accept_lens, new_seq_lens=new_seq_lens,
-            next_draft_input=self._draft_state(new_seq_lens, accept_tokens, accept_lens),
-            speculative_num_draft_tokens=self.width)
-
     def _extend_round(self, batch, on_publish, pp_proxy_tensors) -> GenerationBatchResult:
         res = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
-        bs = len(batch.reqs)
-        predict = res.next_token_ids
-        accept_tokens = torch.zeros(bs, self.width, dtype=torch.int32, device=self.device)
-        if bs:
-            accept_tokens[:, 0] = predict
-        accept_lens = torch.ones(bs, dtype=torch.int32, device=self.device)
         new_seq_lens = batch.seq_lens.clone()
         if on_publish is not None:
             on_publish(new_seq_lens)
-        return self._result(res.logits_output, predict, accept_lens, new_seq_lens, accept_tokens.flatten())
+        return self._one_token_result(res, new_seq_lens, decode=False)
+
+    def _one_token_result(self, res, new_seq_lens, decode: bool) -> GenerationBatchResult:
+        """The result of a step that emitted one sampled token per request. SGLang reads an extend's tokens one per
+        request, a decode round's at the chain stride (column 0 of [B, width])."""
+        state = one_token_draft_state(self.width, new_seq_lens, res.next_token_ids)
+        return GenerationBatchResult(
+            logits_output=res.logits_output, next_token_ids=state.accept_tokens if decode else res.next_token_ids,
+            can_run_cuda_graph=False,
+            accept_lens=state.accept_lens, new_seq_lens=new_seq_lens, next_draft_input=state,
+            speculative_num_draft_tokens=self.width)
 
     def _decode_round(self, batch, on_publish) -> GenerationBatchResult:
         t0 = time.perf_counter()
@@ -113,7 +106,6 @@ class K3SpecWorker(BaseSpecWorker):
 
     def _plain_decode(self, batch) -> GenerationBatchResult:
         """One token per request at its committed position (SGLang reserved the slots in req_to_token)."""
-        bs = len(batch.reqs)
         seq, seq_cpu = batch.seq_lens, batch.seq_lens_cpu
         req_to_token = self.req_to_token_pool.req_to_token
         batch.forward_mode = ForwardMode.DECODE
@@ -125,15 +117,10 @@ class K3SpecWorker(BaseSpecWorker):
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
         batch.spec_info = None
         res = self._target_worker.forward_batch_generation(batch)
-        predict = res.next_token_ids
         out = res.logits_output
         if out is not None and out.next_token_logprobs is not None:  # speculative results hold a list per request
-            out.next_token_logprobs = out.next_token_logprobs.view(bs, 1)
-        accept_tokens = torch.zeros(bs, self.width, dtype=torch.int32, device=self.device)
-        accept_tokens[:, 0] = predict
-        accept_tokens = accept_tokens.flatten()
-        accept_lens = torch.ones(bs, dtype=torch.int32, device=self.device)
-        return self._result(res.logits_output, accept_tokens, accept_lens, seq + 1, accept_tokens)
+            out.next_token_logprobs = out.next_token_logprobs.view(len(batch.reqs), 1)
+        return self._one_token_result(res, seq + 1, decode=True)
 
     def _verify(self, batch, lens: list[int], drafts: list[list[int]]) -> tuple[GenerationBatchResult, int]:
         bs = len(batch.reqs)
@@ -144,10 +131,9 @@ class K3SpecWorker(BaseSpecWorker):
             tokens.append(int(req.output_ids[-1]))
             tokens.extend(d[: n - 1])
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        req_to_token = self.req_to_token_pool.req_to_token
-        rows = batch.req_pool_indices.tolist()
-        out_cache_loc = torch.cat([req_to_token[r, s: s + n] for r, s, n in zip(rows, seq_cpu, lens)]).to(torch.int64)
         spec = K3VerifyInput(layout, self.width, self.device)
+        rows = batch.req_pool_indices.long()[:, None].expand(-1, layout.l_max).flatten()[spec.packed_index]
+        out_cache_loc = self.req_to_token_pool.req_to_token[rows, spec.positions].to(torch.int64)  # reserved slots
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = ids
         batch.out_cache_loc = out_cache_loc
@@ -165,4 +151,10 @@ class K3SpecWorker(BaseSpecWorker):
         next_ids = next_ids.flatten().to(self.device)
         accept_lens = torch.tensor(commit_lens, dtype=torch.int32, device=self.device)
         new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.dtype)
-        return self._result(res.logits_output, next_ids, accept_lens, new_seq_lens, next_ids), sum(commit_lens) - bs
+        state = NgramVerifyInput(draft_token_num=self.width, new_seq_lens=new_seq_lens, accept_tokens=next_ids,
+                                 accept_lens=accept_lens)
+        result = GenerationBatchResult(
+            logits_output=res.logits_output, next_token_ids=next_ids, can_run_cuda_graph=False,
+            accept_lens=accept_lens, new_seq_lens=new_seq_lens, next_draft_input=state,
+            speculative_num_draft_tokens=self.width)
+        return result, sum(commit_lens) - bs

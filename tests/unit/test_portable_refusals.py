@@ -26,6 +26,8 @@ REFUSED = [
     (["--ep-size", "16"], "--ep-size 16: expert parallelism"),
     (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE: not supported by the portable model"),
     (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM: not supported"),
+    (["--speculative-algorithm", "K3_CSV", "--pp-size", "2"], "--speculative-algorithm K3_CSV with --pp-size 2"),
+    (["--speculative-algorithm", "K3_CSV", "--speculative-num-draft-tokens", "1"], "K3_CSV needs at least 2"),
     (["--mamba-radix-cache-strategy", "extra_buffer"], "--mamba-radix-cache-strategy extra_buffer: the portable model needs no_buffer"),
     (["--mamba-radix-cache-strategy", "extra_buffer_lazy"], "extra_buffer_lazy: the portable model needs no_buffer"),
     (["--mamba-radix-cache-strategy", "auto"], "--mamba-radix-cache-strategy auto"),
@@ -122,3 +124,17 @@ def test_k3_serve_turns_the_radix_cache_off_under_dcp_only():
     assert "--disable-radix-cache" not in plain
     sglangs = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--dcp-size", "2"], on_cpu=False, portable=False)
     assert "--disable-radix-cache" not in sglangs  # SGLang's own K3 keeps its radix cache under DCP
+
+
+@pytest.mark.parametrize("variable,value,message", [
+    ("K3_SPEC_VERIFY_MODE", "sometimes", "K3_SPEC_VERIFY_MODE must be one of compact, static, decode"),
+    ("K3_SPEC_DRAFTER", "controlled", "K3_SPEC_DRAFTER=controlled needs K3_SPEC_ORACLE"),
+    ("K3_SPEC_FORCE_VERIFY_LEN", "many", "K3_SPEC_FORCE_VERIFY_LEN must be an integer"),
+])
+def test_bad_k3_spec_settings_refused_before_any_server_starts(monkeypatch, launched, capsys, variable, value,
+                                                                message):
+    monkeypatch.setattr("k3_sglang.platform.cuda_available", lambda: False)
+    monkeypatch.setenv(variable, value)
+    assert main(["serve", "--speculative-algorithm", "K3_CSV"]) == 2
+    assert message in capsys.readouterr().err
+    assert not launched
