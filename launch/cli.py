@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from k3_sglang.cli import CliError
+from k3_sglang.launch.loopback import DEFAULT_WIDTH, TARGETS
 from k3_sglang.launch.render import render_artefacts, write_artefacts
 from k3_sglang.launch.settings import settings_from_dict
 from k3_sglang.plan.args import add_plan_arguments, plan_document_from_args
@@ -25,6 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     render.add_argument("--image", help="container image (LeaderWorkerSet manifests)")
     render.add_argument("--router-port", type=int)
     render.add_argument("--base-port", type=int, help="HTTP port of the first server (others count up)")
+    render.add_argument("--target", choices=TARGETS, default="gpu",
+                        help="gpu: the plan's hosts (default); cpu-loopback: its roles on this CPU host over "
+                             "127.0.0.1, one server per group (docs/pd.md)")
+    render.add_argument("--loopback-width", type=int, default=DEFAULT_WIDTH, metavar="N",
+                        help=f"cpu-loopback: cap TP/DCP/PP/EP at N (default {DEFAULT_WIDTH})")
     parser.set_defaults(func=run_launch)
 
 
@@ -37,7 +43,7 @@ def run_launch(args: argparse.Namespace) -> int:
         settings = settings_from_dict(doc.pop("launch", None)).with_overrides(
             model_path=args.model_path, image=args.image, router_port=args.router_port, base_port=args.base_port)
         result = make_plan(spec_from_dict(doc))
-        files = render_artefacts(result, settings)
+        files = render_artefacts(result, settings, args.target, args.loopback_width)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if args.dry_run:
@@ -59,6 +65,7 @@ def _commands(files: dict[str, str]) -> list[str]:
             continue
         for line in text.splitlines():
             stripped = line.strip()
-            if stripped.startswith(("start_on ", "start k3", "start env", "ROUTER=(")):
+            if stripped.startswith(("start_on ", "start k3", "start env", "ROUTER=(")) or (
+                    stripped.startswith("start ") and " k3 serve " in stripped):
                 lines.append(f"{name}: {stripped}")
     return lines

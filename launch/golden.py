@@ -19,8 +19,10 @@ EXAMPLE_PRESETS = ("agent-100k", "long-context")
 
 
 def render_example(preset: str) -> dict[str, str]:
-    """The artefacts of one plan preset with default launch settings."""
-    return render_artefacts(make_plan(spec_from_dict(plan_preset(preset))), LaunchSettings())
+    """The artefacts of one plan preset with default launch settings: its GPU launchers and its
+    cpu-loopback script (the same plan.yaml serves both)."""
+    result, settings = make_plan(spec_from_dict(plan_preset(preset))), LaunchSettings()
+    return {**render_artefacts(result, settings), **render_artefacts(result, settings, target="cpu-loopback")}
 
 
 def regenerate(out_dir: Path = EXAMPLES_DIR) -> list[Path]:

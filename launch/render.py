@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from k3_sglang.launch.layout import place_instances
+from k3_sglang.launch.loopback import DEFAULT_WIDTH, TARGETS, loopback_file_name, render_loopback
 from k3_sglang.launch.lws import render_lws
 from k3_sglang.launch.settings import LaunchSettings
 from k3_sglang.launch.shell import render_shell
@@ -24,11 +25,18 @@ def artefact_names(result: PlanResult) -> list[str]:
     return ["plan.yaml", f"{name}.sh"]
 
 
-def render_artefacts(result: PlanResult, settings: LaunchSettings) -> dict[str, str]:
-    """{file name: text}: the plan itself plus SLURM + LWS (rack) or a shell script (1-2 hosts)."""
+def render_artefacts(result: PlanResult, settings: LaunchSettings, target: str = "gpu",
+                     loopback_width: int = DEFAULT_WIDTH) -> dict[str, str]:
+    """{file name: text}: the plan itself plus SLURM + LWS (rack) or a shell script (1-2 hosts) for the GPU
+    target; for `cpu-loopback`, the plan plus one script that runs its roles on this host (launch/loopback.py)."""
+    if target not in TARGETS:
+        raise PlanError("launch-target", f"--target {target}: choose one of {', '.join(TARGETS)}")
+    plan_file = dump_plan_yaml(result.spec, _launch_section(settings))
+    if target == "cpu-loopback":
+        return {"plan.yaml": plan_file, loopback_file_name(result): render_loopback(result, settings, loopback_width)}
     instances = place_instances(result, settings)
     names = artefact_names(result)
-    files = {names[0]: dump_plan_yaml(result.spec, _launch_section(settings))}
+    files = {names[0]: plan_file}
     if result.spec.system.is_rack:
         files[names[1]] = render_slurm(result, instances, settings)
         files[names[2]] = render_lws(result, instances, settings)
