@@ -8,7 +8,9 @@ channels, A_log and dt_bias, o_proj columns (all-reduced), and SGLang's pool hol
 state ([W-1, 3P/tp], [H/tp, K, V]). Prefill is `dispatch.kda_prefill` (chunked KDA, varlen), decode
 `dispatch.kda_decode` (one fused step for the whole batch): Triton on CUDA, torch elsewhere, one
 contract (kernels/kda/decode_common.py), including padding requests (slot -1, as SGLang's
-CUDA-graph decode pads): output 0 and no pool row touched.
+CUDA-graph decode pads): output 0 and no pool row touched. When SGLang's `extra_buffer` prefix cache asks for state
+snapshots in its track slots, extend and decode leave them (model/kda_snapshot.py, checked against a per-token
+reference); the k3_cpu platform does not enable extra_buffer yet (not run end to end), so there this is a no-op.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from k3_sglang.config import K3Config
 from k3_sglang.kernels import dispatch
 from k3_sglang.kernels.kda.decode_common import KDAOptions, KDAWeights
 from k3_sglang.model.common import FusedWeightCache, WeightOnly
+from k3_sglang.model.kda_snapshot import SnapshotPlan, copy_snapshots, prefill_with_snapshots, snapshot_plan
 from k3_sglang.model.parallel import ModelParallel, all_reduce, column, mark_sharded, row
 from k3_sglang.parallel.tp import Shard
 
@@ -39,6 +42,7 @@ class KDAStateView:
     temporal: torch.Tensor  # [slots, H, K, V] (fp32)
     slots: torch.Tensor  # [B] int64 slot per request
     query_start_loc: torch.Tensor  # [B+1]
+    snapshots: SnapshotPlan | None = None  # extra_buffer: track-slot snapshots this forward must leave
 
 
 def kda_state_view(forward_batch, layer_id: int) -> KDAStateView:
@@ -53,7 +57,8 @@ def kda_state_view(forward_batch, layer_id: int) -> KDAStateView:
     meta = linear.forward_metadata
     cache = linear.req_to_token_pool.mamba2_layer_cache(layer_id)
     return KDAStateView(conv=cache.conv[0], temporal=cache.temporal,
-                        slots=meta.mamba_cache_indices.long(), query_start_loc=meta.query_start_loc)
+                        slots=meta.mamba_cache_indices.long(), query_start_loc=meta.query_start_loc,
+                        snapshots=snapshot_plan(forward_batch, getattr(meta, "mamba_track_indices", None)))
 
 
 def _shard(param: nn.Parameter, heads: Shard) -> nn.Parameter:
@@ -138,16 +143,22 @@ class KDAMixer(nn.Module):
         weights, opts = self.kernel_args()
         o = dispatch.kda_decode(pre.to(state.conv.dtype)[:, None], f[:, None], b[:, None], out_gate[:, None], weights,
                                 state.conv, state.temporal, state.slots, opts)  # [B, 1, H*V]
+        if state.snapshots is not None:
+            copy_snapshots(state.conv, state.temporal, state.slots, state.snapshots)
         return all_reduce(self.o_proj(o[:, 0].to(x.dtype)), self.mp.attn_tp, "attn_tp_group")
 
     def forward_extend(self, x: torch.Tensor, state: KDAStateView, prefix_lens: list[int]) -> torch.Tensor:
         """Variable-length prefill chunks x [T, hidden] -> [T, hidden]; request i owns rows qsl[i]:qsl[i+1] and
-        continues from its slot's state when it has a cached prefix."""
+        continues from its slot's state when it has a cached prefix; state.snapshots' track slots are written."""
         pre, f, b, out_gate = self.project(x)
         weights, opts = self.kernel_args()
         has_state = torch.tensor([int(n) > 0 for n in prefix_lens], dtype=torch.bool, device=x.device)
-        o = dispatch.kda_prefill(pre.to(state.conv.dtype), f, b, out_gate, state.query_start_loc, weights, state.conv,
-                                 state.temporal, state.slots, has_state, opts)  # [T, H*V]
+
+        def prefill(qkv, f_, b_, g_, cu, slots, init):
+            return dispatch.kda_prefill(qkv, f_, b_, g_, cu, weights, state.conv, state.temporal, slots, init, opts)
+
+        o = prefill_with_snapshots(prefill, pre.to(state.conv.dtype), f, b, out_gate, state.query_start_loc,
+                                   state.conv, state.temporal, state.slots, has_state, state.snapshots)  # [T, H*V]
         return all_reduce(self.o_proj(o.to(x.dtype)), self.mp.attn_tp, "attn_tp_group")
 
     def forward_verify(self, x: torch.Tensor, state: KDAStateView, spec) -> torch.Tensor:

@@ -38,7 +38,7 @@ from k3_sglang.router.pd import (DEFAULT_BOOTSTRAP_PORT, bootstrap_host, layout_
 from k3_sglang.router.policy import RouteRequest
 from k3_sglang.router.proxy import (RETRYABLE_STATUS, UPSTREAM_ERRORS, AttemptFailed, RouterState, _completion_tokens,
                                     _failed, _first_chunk, _pushed_back, _relay, _response_headers, place,
-                                    route_request_of, unavailable_after_failures, upstream_headers)
+                                    route_request_of, transport_failed, unavailable_after_failures, upstream_headers)
 from k3_sglang.router.session_key import RequestFacts
 
 
@@ -227,13 +227,9 @@ def _finish_in_background(state: RouterState, task: asyncio.Task) -> None:
 
 def _leg_error(state: RouterState, ticket: Ticket, upstream: aiohttp.ClientResponse | None,
                exc: Exception) -> AttemptFailed:
-    """A leg's transport failure, named: a read timeout (no byte within `reliability.read_timeout_s`, e.g. a
-    decode server still waiting for KV behind a long prefill queue) is not a connect error, even while
-    the response head has not arrived."""
-    if isinstance(exc, aiohttp.SocketTimeoutError):
-        return _failed(state, ticket, f"read timeout (no byte within reliability.read_timeout_s = "
-                       f"{state.config.reliability.read_timeout_s:g} s)", None)
-    return _failed(state, ticket, "connect" if upstream is None else "read", exc)
+    """A leg's transport failure, named (a decode server still waiting for KV behind a long prefill queue
+    sends no byte: a read timeout, not a connect error)."""
+    return transport_failed(state, ticket, "connect" if upstream is None else "read", exc)
 
 
 async def _decode_head(state: RouterState, path: str, body: bytes, headers: dict[str, str], stream: bool,

@@ -210,7 +210,7 @@ async def _attempt(state: RouterState, request: web.Request, body: bytes, stream
     try:
         upstream = await state.session.post(ticket.worker_id + request.path, data=body, headers=headers)
     except UPSTREAM_ERRORS as exc:
-        return _failed(state, ticket, "connect", exc)
+        return transport_failed(state, ticket, "connect", exc)
     except BaseException:
         state.complete(ticket, ok=False, worker_fault=False)
         raise
@@ -224,7 +224,7 @@ async def _attempt(state: RouterState, request: web.Request, body: bytes, stream
         first = await _first_chunk(upstream) if is_stream else await upstream.read()
     except UPSTREAM_ERRORS as exc:
         upstream.close()
-        return _failed(state, ticket, "read", exc)
+        return transport_failed(state, ticket, "read", exc)
     except BaseException:
         state.complete(ticket, ok=False, worker_fault=False)
         upstream.close()
@@ -251,6 +251,16 @@ async def _first_chunk(upstream: aiohttp.ClientResponse) -> bytes:
         return await upstream.content.iter_any().__anext__()
     except StopAsyncIteration:
         return b""
+
+
+def transport_failed(state: RouterState, ticket: Ticket, stage: str, exc: Exception) -> AttemptFailed:
+    """A transport failure at `stage` (connect | read), named: a socket read timeout (no byte within
+    `reliability.read_timeout_s`, e.g. a worker queueing a long prefill) is a read timeout, not a connect
+    error, even when it hits before the response head arrived."""
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        return _failed(state, ticket, f"read timeout (no byte within reliability.read_timeout_s = "
+                       f"{state.config.reliability.read_timeout_s:g} s)", None)
+    return _failed(state, ticket, stage, exc)
 
 
 def _failed(state: RouterState, ticket: Ticket, kind: str, exc: Exception | None) -> AttemptFailed:

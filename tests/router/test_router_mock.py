@@ -250,3 +250,20 @@ def test_admin_api_workers_and_sessions(make_fleet):
         assert http.get("/sessions/s1", headers=auth).status_code == 404
         metrics = http.get("/metrics").text
         assert "k3_router_worker_resident_tokens" in metrics and "k3_router_placements_total" in metrics
+
+
+def test_a_worker_silent_past_the_read_timeout_is_named_a_read_timeout(make_fleet, fast_reliability):
+    """No response head within `reliability.read_timeout_s` (a worker queueing a long prefill) is reported as a
+    read timeout, not a connect error, and the client gets 502 once every worker has failed that way."""
+    import dataclasses
+
+    fleet = make_fleet(1, reliability=dataclasses.replace(fast_reliability, read_timeout_s=0.5, max_retries=0))
+    fleet.set_fault(0, mode="slow", delay_s=2.0, count=-1)
+    resp = httpx.post(fleet.router.url + "/v1/chat/completions", timeout=10,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert resp.status_code == 502, resp.text[:300]
+    message = resp.json()["error"]["message"]
+    assert "read timeout (no byte within reliability.read_timeout_s = 0.5 s)" in message
+    assert "connect error" not in message
+    fleet.set_fault(0, mode="ok")
+    fleet.wait_idle()
