@@ -42,4 +42,6 @@ class K3CpuPlatform(CpuDeviceMixin, SRTPlatform):
         return False
 
     def support_mamba_cache_extra_buffer(self) -> bool:
-        return False
+        # The portable KDA layer writes SGLang's track-slot snapshots itself (k3_sglang/model/kda_snapshot.py);
+        # the scheduler's one pinned copy on that path is made pageable by platform_hooks (hook 4).
+        return True

@@ -2,7 +2,8 @@
 own DCP machinery (groups, widened virtual allocator, owner-filtered MLA writes) run for the portable K3 on CPU.
 
 SGLang 0.5.23 builds DCP groups, the virtual page allocator (page P * c, owner v mod c, physical v // c) and the
-owner-filtered `set_mla_kv_buffer` on every platform; three places gate it to GPU builds and are hooked here, only
+owner-filtered `set_mla_kv_buffer` on every platform; four places gate it (or the KDA prefix cache it needs) to GPU
+builds and are hooked here, only
 when both the k3_cpu platform and the portable model are selected (a CUDA host and plain `sglang serve` are never
 touched):
 
@@ -19,6 +20,12 @@ touched):
    here). The hook answers True to that module's `is_cuda` for the duration of this one call (the check is its
    only use in the module) and restores it.
 
+4. `managers.schedule_batch.ScheduleBatch.prepare_for_decode`: with the `extra_buffer` KDA prefix cache (which
+   DCP needs: its tree pages hold page_size * c tokens) it copies the decode track mask with an unconditional
+   `.pin_memory()`, which raises without an NVIDIA driver (every other copy there asks `is_pin_memory_available`,
+   False on k3_cpu). The hook makes `Tensor.pin_memory` the identity (a pageable copy, what that check gives) for
+   the duration of the call and restores it.
+
 `installed_hooks()` lists what `register()` installs (tested against the installed SGLang).
 """
 from __future__ import annotations
@@ -30,6 +37,7 @@ DCP_OVERRIDE_PROVIDER = "_kimi_k3_overrides"
 OVERRIDES_TARGET = "sglang.srt.arg_groups.model_hook.collect_model_override_declarations"
 ALLOC_PAGE_TARGET = "sglang.srt.mem_cache.allocation._alloc_page_size"
 PARALLEL_INIT_TARGET = "sglang.srt.distributed.bootstrap.initialize_model_parallel"
+DECODE_PREP_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
 
 
 def active() -> bool:
@@ -81,11 +89,29 @@ def init_parallel_with_cpu_dcp(original, *args, **kwargs):
         parallel_state.is_cuda = saved
 
 
+def prepare_for_decode_pageable(original, *args, **kwargs):
+    """AROUND hook of (4): SGLang's decode preparation with `Tensor.pin_memory` as the identity (no pinned memory
+    on a CPU host)."""
+    import torch
+
+    saved = torch.Tensor.pin_memory
+    torch.Tensor.pin_memory = _pageable
+    try:
+        return original(*args, **kwargs)
+    finally:
+        torch.Tensor.pin_memory = saved
+
+
+def _pageable(tensor, *args, **kwargs):
+    return tensor
+
+
 def installed_hooks():
     """(target, hook, hook type name) of every hook `register` installs."""
     return [(OVERRIDES_TARGET, collect_overrides_without_gpu_dcp, "AROUND"),
             (ALLOC_PAGE_TARGET, alloc_page_size, "REPLACE"),
-            (PARALLEL_INIT_TARGET, init_parallel_with_cpu_dcp, "AROUND")]
+            (PARALLEL_INIT_TARGET, init_parallel_with_cpu_dcp, "AROUND"),
+            (DECODE_PREP_TARGET, prepare_for_decode_pageable, "AROUND")]
 
 
 def register() -> None:

@@ -10,7 +10,7 @@ state ([W-1, 3P/tp], [H/tp, K, V]). Prefill is `dispatch.kda_prefill` (chunked K
 contract (kernels/kda/decode_common.py), including padding requests (slot -1, as SGLang's
 CUDA-graph decode pads): output 0 and no pool row touched. When SGLang's `extra_buffer` prefix cache asks for state
 snapshots in its track slots, extend and decode leave them (model/kda_snapshot.py, checked against a per-token
-reference); the k3_cpu platform does not enable extra_buffer yet (not run end to end), so there this is a no-op.
+reference, and end to end under DCP against TP1: tests/e2e/test_tp_dcp.py); `k3 serve` picks it under DCP.
 """
 
 from __future__ import annotations

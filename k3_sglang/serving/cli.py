@@ -141,23 +141,32 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
     """SGLang's command line: ours (host, port, the defaults the user did not override), then the user's flags."""
     argv = ["--model-path", str(model_path), "--host", host, "--port", str(port)]
     defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if portable else {}), **(CPU_DEFAULTS if on_cpu else {})}
+    dcp = int(_flag_value(extra, "--dcp-size", _flag_value(extra, "--decode-context-parallel-size", "1")))
+    dcp_flags: tuple[str, ...] = ()
+    if portable and dcp > 1 and (_has_flag(extra, "--speculative-algorithm")
+                                 or _flag_value(extra, "--disaggregation-mode", "null") != "null"):
+        dcp_flags = DCP_NO_PREFIX_CACHE_FLAGS
+    elif portable and dcp > 1:
+        defaults.update(DCP_PORTABLE_DEFAULTS)
     if _has_flag(extra, "--skip-tokenizer-init"):
         defaults.pop("--reasoning-parser")
         defaults.pop("--tool-call-parser")
     for flag, value in defaults.items():
         if not _has_flag(extra, flag):
             argv += [flag, value]
-    flags = COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (CPU_FLAGS if on_cpu else ())
-    if portable and int(_flag_value(extra, "--dcp-size", _flag_value(extra, "--decode-context-parallel-size", "1"))) > 1:
-        flags += DCP_PORTABLE_FLAGS
+    flags = COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (CPU_FLAGS if on_cpu else ()) + dcp_flags
     argv += [f for f in flags if not _has_flag(extra, f)]
     return argv + extra
 
 
 # Under DCP SGLang's radix pages are page_size x dcp_size tokens, and its KDA prefix cache then needs state
-# snapshots at page boundaries (its `extra_buffer` strategy), which the portable KDA layer does not write: the
-# portable model serves DCP with the radix cache off (docs/parallel.md).
-DCP_PORTABLE_FLAGS = ("--disable-radix-cache",)
+# snapshots at page boundaries (its `extra_buffer` strategy, written by model/kda_snapshot.py; no_buffer works at
+# page size 1 only), so a portable DCP server defaults to it (docs/parallel.md).
+DCP_PORTABLE_DEFAULTS = {"--mamba-radix-cache-strategy": "extra_buffer"}
+# K3_CSV's verify steps leave no extra_buffer track snapshots (its KDA commit replays the accepted prefix in the
+# request's own slot), so a speculative DCP server keeps no_buffer and turns the radix cache off instead; so does
+# a PD server under DCP (its decode pool then holds one KDA slot per request, the rule `k3 plan` sizes with).
+DCP_NO_PREFIX_CACHE_FLAGS = ("--disable-radix-cache",)
 
 
 def serving_env(extra: list[str], on_cpu: bool, portable: bool = True) -> dict[str, str]:

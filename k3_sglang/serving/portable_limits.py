@@ -5,10 +5,12 @@ backend, hold unsharded weights and keep no per-draft KDA states, so these confi
 (or fail deep inside a rank) and are refused with one message listing every reason:
 
 - parallel sizes above the table below (one entry per size: lifting a limit is one edit once the model has it);
-- speculative algorithms outside the supported set (K3_CSV, ours: k3_sglang/spec), and K3_CSV inside a pipeline
-  or with SGLang's torch_native MLA extend;
-- any mamba radix-cache strategy but `no_buffer` (`extra_buffer` snapshots KDA states inside SGLang's backend,
-  which this model bypasses: a prefix hit would restore a stale state);
+- speculative algorithms outside the supported set (K3_CSV, ours: k3_sglang/spec), and K3_CSV inside a pipeline,
+  with SGLang's torch_native MLA extend or with the extra_buffer prefix cache (verify writes no track snapshots);
+- mamba radix-cache strategies other than `no_buffer` and `extra_buffer` (the portable KDA layer writes
+  extra_buffer's track-slot snapshots itself, model/kda_snapshot.py; `extra_buffer_lazy` is not exercised), and
+  `no_buffer` with the radix cache under DCP (SGLang's DCP tree pages hold page_size x dcp_size tokens, and
+  no_buffer serves page size 1 only);
 - CUDA graphs in either phase (decode gathers sized on the host, Python loops over requests).
 
 The checks read SGLang's own argument names, so they apply to SGLang's parsed command line (`parse_sglang_argv`,
@@ -43,7 +45,7 @@ SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
     "dp_size": ParallelLimit("--dp-size", 1, "data-parallel replicas", "not exercised with this model yet"),
 }
 SUPPORTED_SPECULATIVE_ALGORITHMS: frozenset[str] = frozenset({"K3_CSV"})
-SUPPORTED_MAMBA_STRATEGIES = ("no_buffer",)
+SUPPORTED_MAMBA_STRATEGIES = ("no_buffer", "extra_buffer")
 GRAPH_PHASES = ("decode", "prefill")
 
 
@@ -80,11 +82,12 @@ def portable_refusals(args) -> list[str]:
         if int(getattr(args, "dcp_size", 1) or 1) > 1:
             reasons.append("--dcp-size with --enable-dp-attention: DCP stripes the KV cache over the attention-TP "
                            "group, which DP attention splits up")
-    if int(getattr(args, "dcp_size", 1) or 1) > 1 and not getattr(args, "disable_radix_cache", False):
-        reasons.append(f"--dcp-size {args.dcp_size} with the radix cache: SGLang's DCP pages hold page_size x "
-                       "dcp_size tokens and its KDA prefix cache then needs state snapshots at page boundaries "
-                       "(extra_buffer), which the portable KDA layer does not write; add --disable-radix-cache "
-                       "(`k3 serve` does unless told otherwise)")
+    strategy = getattr(args, "mamba_radix_cache_strategy", "no_buffer")
+    if dcp > 1 and not getattr(args, "disable_radix_cache", False) and strategy == "no_buffer":
+        reasons.append(f"--dcp-size {dcp} with the radix cache and --mamba-radix-cache-strategy no_buffer: SGLang's "
+                       "DCP pages hold page_size x dcp_size tokens and its KDA prefix cache then needs state "
+                       "snapshots at page boundaries; use extra_buffer (`k3 serve`'s default under DCP) or "
+                       "--disable-radix-cache")
     reasons += layout_refusals(args)
     algorithm = getattr(args, "speculative_algorithm", None)
     if algorithm and str(algorithm).upper() not in SUPPORTED_SPECULATIVE_ALGORITHMS:
@@ -93,11 +96,10 @@ def portable_refusals(args) -> list[str]:
                        f"{supported}); its KDA layers keep no per-draft states for SGLang's verify to commit")
     elif algorithm:
         reasons += spec_refusals(args)
-    strategy = getattr(args, "mamba_radix_cache_strategy", "no_buffer")
     if strategy not in SUPPORTED_MAMBA_STRATEGIES:
-        reasons.append(f"--mamba-radix-cache-strategy {strategy}: the portable model needs no_buffer "
-                       "(extra_buffer snapshots KDA states inside SGLang's linear-attention backend, which this "
-                       "model bypasses, so a prefix hit would restore a stale state)")
+        reasons.append(f"--mamba-radix-cache-strategy {strategy}: the portable model serves "
+                       f"{' and '.join(SUPPORTED_MAMBA_STRATEGIES)} (its KDA layer writes extra_buffer's snapshots "
+                       "itself; the lazy variant is not exercised)")
     for phase in GRAPH_PHASES:
         backend = graph_backend(args, phase)
         if backend != "disabled":
@@ -121,6 +123,11 @@ def spec_refusals(args) -> list[str]:
     if os.environ.get("K3_MLA_EXTEND", "chunk") == "torch_native":
         reasons.append("--speculative-algorithm K3_CSV with K3_MLA_EXTEND=torch_native: verify runs on the chunked "
                        "MLA extend path only")
+    if (getattr(args, "mamba_radix_cache_strategy", "no_buffer") == "extra_buffer"
+            and not getattr(args, "disable_radix_cache", False)):
+        reasons.append("--speculative-algorithm K3_CSV with --mamba-radix-cache-strategy extra_buffer: verify steps "
+                       "leave no KDA track-slot snapshots, so a prefix hit would restore a stale state; use "
+                       "no_buffer (under DCP: --disable-radix-cache, `k3 serve`'s default there)")
     width = getattr(args, "speculative_num_draft_tokens", None)
     if width is not None and int(width) < 2:
         reasons.append(f"--speculative-num-draft-tokens {width}: K3_CSV needs at least 2 (the root and a draft)")

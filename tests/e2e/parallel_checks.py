@@ -22,10 +22,14 @@ def prompt(n: int, seed: int) -> list[int]:
     return torch.randint(0, 760, (n,), generator=gen).tolist()
 
 
-def generate(server, ids: list[int], new_tokens: int, logprobs: bool = False) -> dict:
+def generate(server, ids: list[int], new_tokens: int, logprobs: bool = False, output_logprobs: bool = False) -> dict:
+    """Greedy /generate; logprobs: of every prompt and output token (no prefix-cache hit: SGLang recomputes what
+    it must score); output_logprobs: of the output tokens only (a prefix hit stays a hit)."""
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
     if logprobs:
         body.update(return_logprob=True, logprob_start_len=0)
+    elif output_logprobs:
+        body.update(return_logprob=True, logprob_start_len=len(ids) - 1)
     resp = httpx.post(server.url + "/generate", json=body, timeout=1200)
     assert resp.status_code == 200, resp.text[:500]
     return resp.json()
@@ -76,3 +80,36 @@ def logical_kv_tokens(server) -> int:
     resp = httpx.get(server.url + "/get_server_info", timeout=30)
     assert resp.status_code == 200
     return int(resp.json()["max_total_num_tokens"])
+
+
+def assert_prefix_hits_match(tp1, proc) -> None:
+    """Radix-cache hits on `proc` give TP1's greedy tokens and output logprobs (within 1e-4), for both kinds of KDA
+    state snapshot a hit restores (under DCP: SGLang's extra_buffer track slots, written by model/kda_snapshot.py):
+    - one a decode step left: the first turn's decode crosses 1024 (SGLang's decode track interval is 256), so the
+      follow-up turn's hit reaches past the first prompt;
+    - one from inside an extend: two prompts share 650 tokens then diverge; the second hits a track boundary at or
+      below 650 and adds only 4 tokens after it (few enough that a stale state changes the tokens).
+    Prompts differ from every other check's, so nothing else primes the cache."""
+    first = prompt(1020, 12)
+    out = generate(proc, first, 8)["output_ids"]
+    assert out == generate(tp1, first, 8)["output_ids"]
+    follow = first + out + prompt(4, 13)
+    again, want = generate(proc, follow, 8, output_logprobs=True), generate(tp1, follow, 8, output_logprobs=True)
+    assert len(first) < again["meta_info"]["cached_tokens"] < len(follow), again["meta_info"]
+    assert_same_output(again, want)
+
+    shared = prompt(650, 14)
+    a, b = shared + prompt(90, 15), shared + prompt(4, 16)
+    assert generate(proc, a, 8)["output_ids"] == generate(tp1, a, 8)["output_ids"]
+    hit, want = generate(proc, b, 8, output_logprobs=True), generate(tp1, b, 8, output_logprobs=True)
+    assert 0 < hit["meta_info"]["cached_tokens"] <= len(shared), hit["meta_info"]
+    assert_same_output(hit, want)
+
+
+def assert_same_output(out: dict, ref: dict, tol: float = 1e-4) -> None:
+    """Same greedy tokens and output logprobs within tol (NaN fails)."""
+    assert out["output_ids"] == ref["output_ids"]
+    got, want = ([lp for lp, *_ in o["meta_info"]["output_token_logprobs"]] for o in (out, ref))
+    gap = max(abs(x - y) for x, y in zip(got, want))
+    print(f"prefix hit: {out['meta_info']['cached_tokens']} cached, max output logprob gap {gap:.2e}")
+    assert len(got) == len(want) > 0 and gap < tol, (got, want)

@@ -10,7 +10,7 @@ import pytest
 
 from k3_sglang.serving.process import K3ServerProcess
 from tests.e2e.parallel_checks import (
-    assert_concurrent_match, assert_matches_tp1, generate, logical_kv_tokens, prompt,
+    assert_concurrent_match, assert_matches_tp1, assert_prefix_hits_match, generate, logical_kv_tokens, prompt,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -40,12 +40,12 @@ def test_dcp2_eight_concurrent_requests_match_tp1(server, dcp2):
     assert_concurrent_match(server, dcp2, count=8)
 
 
-def test_dcp2_follow_up_turn_and_one_token_prompt_match_tp1(server, dcp2):
-    first = prompt(900, 12)
-    out = generate(dcp2, first, 8)["output_ids"]
-    assert out == generate(server, first, 8)["output_ids"]
-    follow = first + out + prompt(120, 13)
-    assert generate(dcp2, follow, 8)["output_ids"] == generate(server, follow, 8)["output_ids"]
+def test_dcp2_prefix_cache_hits_match_tp1(server, dcp2):
+    # KDA state snapshots from a decode step and from inside an extend, restored on a hit, with the sharded KV
+    assert_prefix_hits_match(server, dcp2)
+
+
+def test_dcp2_one_token_prompt_matches_tp1(server, dcp2):
     # one token: DCP rank 1 holds no key of it during the prefill
     assert generate(dcp2, [5], 4)["output_ids"] == generate(server, [5], 4)["output_ids"]
 

@@ -1,6 +1,6 @@
 """TP and DCP at the sizes too slow for the default run (slow: `make test-slow`), each against the TP1 server of
-conftest.py with the same chunks and per-rank pool: TP2 alone and TP4/DCP4 (all-to-all merge) on a 4K-token prompt
-and 8 concurrent requests, and TP8/DCP8 (eight ranks on two cores) on a k3-tiny variant with 8 KDA and 8 MLA heads:
+conftest.py with the same chunks and per-rank pool: TP2 alone and TP4/DCP4 (all-to-all merge) on a 4K-token prompt,
+8 concurrent requests and prefix-cache hits, and TP8/DCP8 (eight ranks on two cores) on a k3-tiny variant with 8 KDA and 8 MLA heads:
 it starts, answers greedily like TP1 of the same checkpoint and reports 8x the logical KV of one rank's pool."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from k3_sglang.serving.process import K3ServerProcess
 from tests.e2e.parallel_checks import (
-    assert_concurrent_match, assert_matches_tp1, generate, logical_kv_tokens, prompt,
+    assert_concurrent_match, assert_matches_tp1, assert_prefix_hits_match, generate, logical_kv_tokens, prompt,
 )
 from tests.e2e.test_tp_dcp import SAME_AS_TP1, start_server
 
@@ -28,6 +28,7 @@ def test_parallel_server_matches_tp1(server, reference, tiny_dir, tmp_path_facto
         figures = assert_matches_tp1(server, proc, reference, prompt(4096, 21), 12)
         print(f"{name} vs TP1:", {k: f"{v:.2e}" for k, v in figures.items()})
         assert_concurrent_match(server, proc, count=8)
+        assert_prefix_hits_match(server, proc)
         assert logical_kv_tokens(proc) == factor * logical_kv_tokens(server)
     finally:
         proc.stop()

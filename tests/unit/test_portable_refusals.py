@@ -28,8 +28,11 @@ REFUSED = [
     (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM: not supported"),
     (["--speculative-algorithm", "K3_CSV", "--pp-size", "2"], "--speculative-algorithm K3_CSV with --pp-size 2"),
     (["--speculative-algorithm", "K3_CSV", "--speculative-num-draft-tokens", "1"], "K3_CSV needs at least 2"),
-    (["--mamba-radix-cache-strategy", "extra_buffer"], "--mamba-radix-cache-strategy extra_buffer: the portable model needs no_buffer"),
-    (["--mamba-radix-cache-strategy", "extra_buffer_lazy"], "extra_buffer_lazy: the portable model needs no_buffer"),
+    (["--speculative-algorithm", "K3_CSV", "--mamba-radix-cache-strategy", "extra_buffer"],
+     "K3_CSV with --mamba-radix-cache-strategy extra_buffer"),
+    (["--mamba-radix-cache-strategy", "extra_buffer_lazy"], "extra_buffer_lazy: the portable model serves no_buffer and extra_buffer"),
+    (["--tp-size", "2", "--dcp-size", "2", "--mamba-radix-cache-strategy", "no_buffer"],
+     "--dcp-size 2 with the radix cache and --mamba-radix-cache-strategy no_buffer"),
     (["--mamba-radix-cache-strategy", "auto"], "--mamba-radix-cache-strategy auto"),
     (["--cuda-graph-backend-decode", "full"], "CUDA graphs for decode (full)"),
     (["--cuda-graph-backend-prefill", "breakable"], "CUDA graphs for prefill (breakable)"),
@@ -71,6 +74,9 @@ def test_every_reason_in_one_message(monkeypatch, launched, capsys, tmp_path):
 def test_supported_configurations_pass(monkeypatch, launched):
     monkeypatch.setattr("k3_sglang.platform.cuda_available", lambda: False)
     for flags in ([], ["--tp-size", "1", "--disable-cuda-graph"], ["--mamba-radix-cache-strategy", "no_buffer"],
+                  ["--mamba-radix-cache-strategy", "extra_buffer"], ["--tp-size", "2", "--dcp-size", "2"],
+                  ["--tp-size", "2", "--dcp-size", "2", "--mamba-radix-cache-strategy", "no_buffer",
+                   "--disable-radix-cache"],
                   ["--cuda-graph-backend-decode", "disabled", "--disable-radix-cache"]):
         launched.clear()
         assert main(["serve", *flags]) == 0, flags
@@ -108,22 +114,37 @@ def test_server_process_rechecks_its_server_args(tmp_path):
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 2, run.stderr[-3000:]
     assert "--dcp-size 2 must divide the attention TP size (1)" in run.stderr
-    assert "--dcp-size 2 with the radix cache" in run.stderr  # not composed by k3 serve here
+    assert "--mamba-radix-cache-strategy auto" in run.stderr  # SGLang's default: not composed by k3 serve here
     assert "CUDA graphs for decode (SGLang's default: on)" in run.stderr  # not composed by k3 serve here
     assert "Uvicorn" not in run.stderr and "ready" not in run.stdout
 
 
-def test_k3_serve_turns_the_radix_cache_off_under_dcp_only():
+def test_k3_serve_picks_the_extra_buffer_kda_prefix_cache_under_dcp_only():
     from pathlib import Path
 
     from k3_sglang.serving.cli import sglang_argv
 
+    def strategy(argv: list[str]) -> str | None:
+        i = len(argv) - 1 - argv[::-1].index("--mamba-radix-cache-strategy") if "--mamba-radix-cache-strategy" in argv else -1
+        return argv[i + 1] if i >= 0 else None
+
     dcp = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2", "--dcp-size", "2"], on_cpu=True)
-    assert "--disable-radix-cache" in dcp
+    assert strategy(dcp) == "extra_buffer" and "--disable-radix-cache" not in dcp
+    assert portable_refusals(parse_sglang_argv(dcp)) == []
     plain = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2"], on_cpu=True)
-    assert "--disable-radix-cache" not in plain
+    assert strategy(plain) == "no_buffer" and "--disable-radix-cache" not in plain
+    chosen = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--dcp-size", "2", "--mamba-radix-cache-strategy", "no_buffer",
+                                                      "--disable-radix-cache"], on_cpu=True)
+    assert strategy(chosen) == "no_buffer"  # the user's choice stands
+    spec = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2", "--dcp-size", "2", "--speculative-algorithm",
+                                                    "K3_CSV"], on_cpu=True)
+    assert strategy(spec) == "no_buffer" and "--disable-radix-cache" in spec  # verify leaves no track snapshots
+    assert portable_refusals(parse_sglang_argv(spec)) == []
+    pd = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2", "--dcp-size", "2", "--disaggregation-mode",
+                                                  "decode"], on_cpu=True)
+    assert strategy(pd) == "no_buffer" and "--disable-radix-cache" in pd  # one KDA slot per request, as planned
     sglangs = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--dcp-size", "2"], on_cpu=False, portable=False)
-    assert "--disable-radix-cache" not in sglangs  # SGLang's own K3 keeps its radix cache under DCP
+    assert strategy(sglangs) is None and "--disable-radix-cache" not in sglangs  # SGLang's own K3 picks itself
 
 
 @pytest.mark.parametrize("variable,value,message", [
