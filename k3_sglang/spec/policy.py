@@ -56,7 +56,7 @@ class StepPolicy:
 
             s = self.settings
             self._drafter = build_drafter(s.drafter, oracle_path=s.oracle, profile=s.profile, seed=s.seed,
-                                          vocab_size=self.vocab_size)
+                                          vocab_size=self.vocab_size, lookup_window=s.lookup_window)
         return self._drafter
 
     @property

@@ -10,6 +10,8 @@ Parsed once per process from the environment `k3 serve` hands SGLang's workers:
   too); unset = the built-in CPU affine default.
 - K3_SPEC_ORACLE / K3_SPEC_PROFILE / K3_SPEC_SEED: the controlled drafter's reference JSONL, acceptance profile
   (chat, math, mix, perfect, zero or a number) and seed.
+- K3_SPEC_LOOKUP_WINDOW: the lookup drafter's per-request index window in tokens (default 65536, about 60 MB per
+  request at most; 0 = the whole context, unbounded).
 - K3_SPEC_RECORD: append one JSON line per decode step (mode, batch, verify lengths, accepted, seconds) here.
 - K3_SPEC_FORCE_VERIFY_LEN: profiling only: verify exactly this many tokens per request every step (drafts padded
   by repeating the root), whatever the drafter proposes.
@@ -21,6 +23,7 @@ import os
 from dataclasses import dataclass
 
 from k3_sglang.serving.settings import _choice_env, _int_env
+from k3_sglang.spec.drafters.lookup import DEFAULT_WINDOW
 
 ALGORITHM = "K3_CSV"
 DRAFTERS = ("lookup", "controlled")
@@ -41,6 +44,7 @@ class SpecSettings:
     profile: str = "mix"
     seed: int = 0
     record: str | None = None
+    lookup_window: int = DEFAULT_WINDOW
     force_verify_len: int | None = None
 
     @classmethod
@@ -53,6 +57,7 @@ class SpecSettings:
             profile=os.environ.get("K3_SPEC_PROFILE", "").strip() or "mix",
             seed=_int_env("K3_SPEC_SEED", 0, 0),
             record=os.environ.get("K3_SPEC_RECORD") or None,
+            lookup_window=_int_env("K3_SPEC_LOOKUP_WINDOW", DEFAULT_WINDOW, 0),
             force_verify_len=_optional_int("K3_SPEC_FORCE_VERIFY_LEN", 1),
         )
         if settings.drafter == "controlled" and not settings.oracle:

@@ -56,6 +56,45 @@ def test_incremental_index_equals_from_scratch(seed):
     assert fresh.last == idx.last
 
 
+@pytest.mark.parametrize("seed,window", [(0, 7), (1, 20), (2, 33), (3, 5)])
+def test_windowed_index_equals_from_scratch_and_stays_bounded(seed, window):
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.integers(2, 6))
+    seq = rng.integers(0, vocab, size=400).tolist()
+    idx = NgramIndex(1, 6, window)
+    pos = 0
+    while pos < len(seq):
+        step = int(rng.integers(1, 9)) if rng.random() < 0.9 else int(rng.integers(2 * window, 3 * window))  # jumps
+        idx.extend(seq[pos:pos + step])
+        pos += step
+        assert idx.match() == reference_match(seq[:pos], 1, 6, window), pos
+        assert idx.num_entries() <= 6 * window
+        assert all((v >> 2) >= len(idx.tokens) - window for d in idx.last.values() for v in d.values())
+    fresh = NgramIndex(1, 6, window)
+    fresh.extend(seq)  # one long prompt: only the last 2 W positions are indexed
+    assert fresh.last == idx.last
+
+
+def test_window_bounds_memory_of_a_long_context():
+    import tracemalloc
+
+    rng = np.random.default_rng(5)
+    seq = rng.integers(0, 50000, 60000).tolist()  # few repeats: about one entry per n per position
+    tracemalloc.start()
+    capped = NgramIndex(1, 6, 8192)
+    capped.extend(seq)
+    capped_bytes = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    full = NgramIndex(1, 6, 0)
+    full.extend(seq)
+    assert capped.num_entries() <= 6 * 8192 < full.num_entries() / 6
+    per_entry = capped_bytes / capped.num_entries()
+    # tokens list included; DEFAULT_WINDOW's "about 60 MB per request" assumes at most 160 bytes per entry
+    assert per_entry < 160, f"{per_entry:.0f} bytes per index entry"
+    with pytest.raises(ValueError, match="window"):
+        LookupConfig(window=-1)
+
+
 def test_features_and_confidence_bounds():
     d = LookupDrafter(LookupConfig(max_n=4))
     rng = np.random.default_rng(7)
@@ -66,6 +105,17 @@ def test_features_and_confidence_bounds():
     s = block.survival()
     assert (np.diff(s, axis=1) <= 1e-15).all() and ((s >= 0) & (s <= 1)).all()
     assert [n_bucket(n) for n in (1, 2, 3, 4, 5, 6)] == [0, 1, 2, 2, 3, 3]
+
+
+def test_settings_window_reaches_the_served_drafter(monkeypatch):
+    from k3_sglang.spec.policy import StepPolicy
+    from k3_sglang.spec.settings import SpecSettings
+
+    monkeypatch.setenv("K3_SPEC_LOOKUP_WINDOW", "128")
+    settings = SpecSettings.from_env()
+    assert settings.lookup_window == 128
+    assert StepPolicy(settings, gamma=4, vocab_size=64).drafter.config.window == 128
+    assert build_drafter("lookup").config.window == 65536
 
 
 def test_observe_calibrates_confidence_upward_for_accepted_buckets():

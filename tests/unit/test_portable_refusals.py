@@ -151,6 +151,7 @@ def test_k3_serve_picks_the_extra_buffer_kda_prefix_cache_under_dcp_only():
     ("K3_SPEC_VERIFY_MODE", "sometimes", "K3_SPEC_VERIFY_MODE must be one of compact, static, decode"),
     ("K3_SPEC_DRAFTER", "controlled", "K3_SPEC_DRAFTER=controlled needs K3_SPEC_ORACLE"),
     ("K3_SPEC_FORCE_VERIFY_LEN", "many", "K3_SPEC_FORCE_VERIFY_LEN must be an integer"),
+    ("K3_SPEC_LOOKUP_WINDOW", "-1", "K3_SPEC_LOOKUP_WINDOW must be >= 0"),
 ])
 def test_bad_k3_spec_settings_refused_before_any_server_starts(monkeypatch, launched, capsys, variable, value,
                                                                 message):

@@ -11,7 +11,7 @@ import os
 from k3_sglang.spec.drafters.base import DraftBlock, Drafter, DraftRequest
 from k3_sglang.spec.drafters.calibrate import BetaBucketCalibrator, CalibratorConfig
 from k3_sglang.spec.drafters.controlled import ControlledConfig, ControlledDrafter, load_oracle
-from k3_sglang.spec.drafters.lookup import LookupConfig, LookupDrafter
+from k3_sglang.spec.drafters.lookup import DEFAULT_WINDOW, LookupConfig, LookupDrafter
 
 DRAFTER_KINDS = ("lookup", "controlled")
 
@@ -27,12 +27,13 @@ def build_drafter(
     seed: int = 0,
     vocab_size: int | None = None,
     prior_path: str | None = None,
+    lookup_window: int = DEFAULT_WINDOW,
 ) -> Drafter:
     """A drafter by kind: "lookup" (prior_path: optional saved calibrator JSON) or "controlled" (oracle_path and
     vocab_size required). Bad kind or inputs -> ValueError with a clear message."""
     if kind == "lookup":
         calibrator = BetaBucketCalibrator.load(prior_path) if prior_path else BetaBucketCalibrator(CalibratorConfig())
-        return LookupDrafter(LookupConfig(), calibrator)
+        return LookupDrafter(LookupConfig(window=lookup_window), calibrator)
     if kind == "controlled":
         if not oracle_path:
             raise ValueError("controlled drafter needs an oracle file (K3_SPEC_ORACLE)")

@@ -3,7 +3,8 @@
 Per request the context is prompt + output; its last token (output[-1]) is the root. The index maps, for every
 n in 1..max_n, an n-gram to the end position of its most recent occurrence whose continuation token is known
 (and to the previous such occurrence, for agreement). Each step only the newly committed tokens are indexed:
-O(new tokens * max_n) dict work, never a rescan of the context.
+O(new tokens * max_n) dict work, never a rescan of the context. Memory is capped by `window`: only the last `window`
+end positions stay indexed (about max_n dict entries each), older ones are evicted as the context grows.
 
 Proposal: the longest n whose context suffix (ending at the root) occurred earlier; the drafts are the tokens that
 followed its most recent earlier occurrence, chaining into the drafts themselves when the copy runs past the
@@ -22,17 +23,27 @@ from k3_sglang.spec.drafters.base import DraftBlock, DraftRequest, check_gamma, 
 from k3_sglang.spec.drafters.calibrate import BetaBucketCalibrator, CalibratorConfig
 
 
+# 65,536 end positions x 6 n-gram sizes: about 60 MB per request at most, whatever the context length (about 155 bytes
+# per entry with the token list, tests/spec/test_drafters_lookup.py; measured 56 MB for a 200K-token context, where
+# the whole-context index would hold about 3x that).
+DEFAULT_WINDOW = 65536
+
+
 @dataclass(frozen=True)
 class LookupConfig:
-    """min_n..max_n: n-gram sizes; max_pos: positions >= max_pos share a bucket."""
+    """min_n..max_n: n-gram sizes; max_pos: positions >= max_pos share a bucket; window: end positions kept indexed
+    per request (0: the whole context, unbounded memory)."""
 
     min_n: int = 1
     max_n: int = 6
     max_pos: int = 7
+    window: int = DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:
             raise ValueError(f"LookupConfig: need 1 <= min_n ({self.min_n}) <= max_n ({self.max_n})")
+        if self.window < 0:
+            raise ValueError(f"LookupConfig: window must be >= 0 (0 = whole context), got {self.window}")
         if self.max_pos < 0:
             raise ValueError(f"LookupConfig: max_pos must be >= 0, got {self.max_pos}")
 
@@ -60,37 +71,64 @@ class NgramIndex:
     tokens: the sequence so far. last[n][gram_key(g)] = 4 * e + agreement, e the end index (exclusive) of the most
     recent occurrence tokens[e-n:e] == g with e < len(tokens) (so tokens[e] is its known continuation); agreement
     0: no earlier occurrence, 1: the previous occurrence continued differently, 2: it continued the same way.
-    Memory: about max_n dict entries per context token (packed int keys, one dict per n).
+    window W > 0: only end positions e > len(tokens) - 1 - W stay indexed, and "earlier occurrence" means one within
+    the W positions before e (entries leaving the window are deleted). Memory: about max_n dict entries per indexed
+    end position (packed int keys, one dict per n); 0 = no window.
     """
 
     min_n: int
     max_n: int
+    window: int = 0
     tokens: list[int] = field(default_factory=list)
     last: dict[int, dict[int, int]] = field(default_factory=dict)
-    n_indexed: int = 0  # end positions e in [1, n_indexed] are indexed
+    n_indexed: int = 0  # end positions e in [first_indexed, n_indexed] were indexed (minus evictions)
+    first_indexed: int = 1
 
     def __post_init__(self) -> None:
         for n in range(self.min_n, self.max_n + 1):
             self.last.setdefault(n, {})
 
+    def _keys(self, e: int):
+        """(n, key) of every indexed n-gram size ending at e."""
+        toks = self.tokens
+        key = 0
+        for n in range(1, min(self.max_n, e) + 1):
+            key |= (toks[e - n] & _TOKEN_MASK) << (_TOKEN_BITS * (n - 1))
+            if n >= self.min_n:
+                yield n, key
+
+    def _evict(self, e: int) -> None:
+        for n, key in self._keys(e):
+            last_n = self.last[n]
+            value = last_n.get(key)
+            if value is not None and value >> 2 == e:
+                del last_n[key]
+
     def extend(self, new_tokens: Sequence[int]) -> None:
-        """Append tokens and index every n-gram whose continuation is now known: O(len(new_tokens) * max_n)."""
+        """Append tokens and index every n-gram whose continuation is now known: O(len(new_tokens) * max_n) (with a
+        window, O(min(len(new_tokens), 2 W) * max_n): a long prompt indexes only what the window can keep)."""
         toks = self.tokens
         toks.extend(int(t) for t in new_tokens)
         end = len(toks) - 1  # the last end position with a known continuation
-        lo, hi = self.min_n, self.max_n
-        for e in range(max(self.n_indexed + 1, 1), end + 1):
+        W = self.window
+        start = max(self.n_indexed + 1, 1)
+        if W and end - 2 * W + 1 > start:  # positions that could not even serve as an earlier occurrence
+            start = self.first_indexed = end - 2 * W + 1
+            for last_n in self.last.values():  # everything indexed so far is out of the window now
+                last_n.clear()
+        for e in range(start, end + 1):
+            if W and e - W >= self.first_indexed:
+                self._evict(e - W)
             nxt = toks[e]
-            key = 0
-            for n in range(1, min(hi, e) + 1):
-                key |= (toks[e - n] & _TOKEN_MASK) << (_TOKEN_BITS * (n - 1))
-                if n < lo:
-                    continue
+            for n, key in self._keys(e):
                 last_n = self.last[n]
                 old = last_n.get(key)
                 agreement = 0 if old is None else (2 if toks[old >> 2] == nxt else 1)
                 last_n[key] = 4 * e + agreement
         self.n_indexed = max(self.n_indexed, end)
+
+    def num_entries(self) -> int:
+        return sum(len(d) for d in self.last.values())
 
     def match(self) -> tuple[int, int, int] | None:
         """(n, e, agreement) of the longest suffix n-gram with an earlier occurrence ending at e, or None."""
@@ -129,7 +167,8 @@ class LookupDrafter:
     def _state(self, req: DraftRequest) -> _RequestState:
         st = self._states.get(req.rid)
         if st is None or len(req.output) < st.n_output:
-            st = _RequestState(index=NgramIndex(self.config.min_n, self.config.max_n), n_prompt=len(req.prompt))
+            st = _RequestState(index=NgramIndex(self.config.min_n, self.config.max_n, self.config.window),
+                               n_prompt=len(req.prompt))
             st.index.extend(req.prompt)
             self._states[req.rid] = st
         if len(req.output) > st.n_output:
@@ -185,13 +224,20 @@ class LookupDrafter:
         return len(self._states)
 
 
-def reference_match(tokens: Sequence[int], min_n: int, max_n: int) -> tuple[int, int, int] | None:
-    """From-scratch reference of NgramIndex.match: O(L * max_n) scan (tests only)."""
+def reference_match(tokens: Sequence[int], min_n: int, max_n: int, window: int = 0) -> tuple[int, int, int] | None:
+    """From-scratch reference of NgramIndex.match: O(L * max_n) scan (tests only). window W > 0: occurrences end in
+    the last W positions with a known continuation, and the agreement looks at most W positions back from e."""
     toks = list(tokens)
     L = len(toks)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
         gram = toks[L - n:]
         ends = [e for e in range(n, L) if toks[e - n:e] == gram]
+        if window:
+            in_window = [e for e in ends if e >= L - window]
+            if not in_window:
+                continue
+            e = in_window[-1]
+            ends = [x for x in ends if e - window < x <= e]
         if ends:
             e = ends[-1]
             agreement = 0 if len(ends) == 1 else (2 if toks[ends[-2]] == toks[e] else 1)
