@@ -5,6 +5,11 @@ logit processors or sampling): the others are served by plain decode steps, neve
 min(chain width, 1 + drafted tokens, tokens it may still emit, context left). The planner (spec/planner.py)
 turns the drafts' survival probabilities and the step-cost model into lengths; `static` verifies every cap
 (verify-all), `decode` never verifies. Under TP every rank takes TP rank 0's lengths and drafts.
+
+Settled plain decoding: once `compact` has planned plain decode steps PROBE_AFTER times in a row, it drafts and
+plans only every PROBE_EVERY-th step and decodes the steps between without asking the drafter or the planner
+(their cost is paid on every step otherwise, about 1% of a CPU decode step; the drafter catches up on the skipped
+tokens at the next probe). The first verify plan ends the streak.
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ logger = logging.getLogger(__name__)
 # CPU affine default when no K3_SPEC_COST_TABLE is given: the fit `k3 bench profile-verify` measured for the bf16
 # tiny K3 on 2 cores (docs/verify-cost-cpu.json, 2026-12-03), rounded
 DEFAULT_CPU_COST = dict(c0=0.0170, c_req=0.00044, c_tok=0.00032, c_lmax=0.00136, d0=0.0181, d_req=0.00019)
+PROBE_AFTER = 8  # consecutive planned plain-decode steps before compact only probes
+PROBE_EVERY = 4  # then it drafts and plans on one step in this many
 
 
 def speculation_allowed(batch) -> bool:
@@ -48,6 +55,8 @@ class StepPolicy:
         self._drafter = None
         self._planner = None
         self._running: set[str] = set()
+        self._plain_streak = 0  # consecutive compact steps planned as plain decode
+        self._skipped = 0  # steps skipped since the last probe
 
     @property
     def drafter(self):
@@ -75,6 +84,17 @@ class StepPolicy:
 
     def reset(self) -> None:
         self._drafter = None
+        self._plain_streak = self._skipped = 0
+
+    def _skip_planning(self) -> bool:
+        """True on the steps a settled plain-decoding compact policy does not probe (module docstring)."""
+        if self.settings.verify_mode != "compact" or self._plain_streak < PROBE_AFTER:
+            return False
+        self._skipped += 1
+        if self._skipped < PROBE_EVERY:
+            return True
+        self._skipped = 0
+        return False
 
     def plan(self, batch, width: int, context_len: int, tp_group) -> tuple[list[int], list[list[int]]]:
         """(verify_lens [B] >= 1, drafts [B] lists of at least verify_len - 1 tokens) for this decode step."""
@@ -103,6 +123,8 @@ class StepPolicy:
         if s.force_verify_len is not None:  # profiling: exactly this length, drafts = the root repeated
             lens = [min(s.force_verify_len, h) for h in hard]
             return lens, [[int(r.output_ids[-1])] * (n - 1) for r, n in zip(reqs, lens)]
+        if self._skip_planning():
+            return [1] * bs, [[] for _ in range(bs)]
         from k3_sglang.spec.drafters.base import DraftRequest
 
         block = self.drafter.propose([DraftRequest(r.rid, r.origin_input_ids, r.output_ids) for r in reqs],
@@ -113,6 +135,7 @@ class StepPolicy:
         survival = np.where(cols < (caps[:, None] - 1), survival, 0.0)
         decision = self.planner.plan(survival, caps)
         lens = [int(n) for n in decision.verify_lens] if decision.mode == "verify" else [1] * bs
+        self._plain_streak = 0 if max(lens) > 1 else self._plain_streak + 1
         drafts = [[int(t) for t in block.tokens[i, : n - 1]] for i, n in enumerate(lens)]
         return lens, drafts
 

@@ -3,7 +3,8 @@
 The prefill server runs without speculation; the decode server runs K3_CSV, whose first decode batch after the
 KV transfer gets its draft state from `K3SpecAlgo.build_disagg_draft_input` (the committed lengths and the bonus
 token: the drafter reads the request's own context, so nothing else crosses). Greedy output through router ->
-prefill -> decode must equal the aggregated no-spec server, with verify steps on the decode side.
+prefill -> decode must equal the aggregated no-spec server, with verify steps on the decode side. The second case
+runs the prefill server as a PP2 pipeline (K3_CSV's PP composition: PP prefill, speculation on the decode server).
 """
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ from test_pd_serve import ADMIN_KEY, SAME_AS_AGGREGATED, _generate, _prompt, _st
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-def test_pd_decode_with_k3_csv_matches_aggregated(server, tiny_dir, tmp_path):
+@pytest.mark.parametrize("prefill_flags", [[], ["--pp-size", "2"]], ids=["prefill-tp1", "prefill-pp2"])
+def test_pd_decode_with_k3_csv_matches_aggregated(server, tiny_dir, tmp_path, prefill_flags):
     bootstrap = free_port()
     common = ["--model-path", str(tiny_dir), *SAME_AS_AGGREGATED]
     record = tmp_path / "steps.jsonl"
-    prefill = K3ServerProcess(common + ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
+    prefill = K3ServerProcess(common + prefill_flags + ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
                                         str(bootstrap)], tmp_path / "prefill.log")
     decode = K3ServerProcess(common + ["--disaggregation-mode", "decode", "--speculative-algorithm", "K3_CSV"],
                              tmp_path / "decode.log",

@@ -116,3 +116,41 @@ def test_load_bad_files(tmp_path):
     bad.write_text(json.dumps({"format": "k3-spec-calibrator/1", "a0": 1}))
     with pytest.raises(ValueError, match="missing"):
         BetaBucketCalibrator.load(str(bad))
+
+
+def test_pooled_prior_new_bucket_starts_at_its_position_rate():
+    pooled = BetaBucketCalibrator(CalibratorConfig(forgetting=1.0))
+    flat = BetaBucketCalibrator(CalibratorConfig(forgetting=1.0, pooled=False))
+    for cal in (pooled, flat):
+        for n_bucket in range(4):  # position 0 fails for 20 blocks in each of four feature combinations
+            for _ in range(20):
+                cal.update([(0, n_bucket, 1, 0)], 1, 0)
+        cal.update([(1, 0, 1, 0)], 1, 1)  # position 1 has one success
+    unseen = (0, 3, 0, 2)
+    assert flat.estimate(unseen) == pytest.approx(0.5)
+    assert pooled.group_counts(unseen) == (0.0, 80.0)
+    assert pooled.estimate(unseen) == pytest.approx(1.0 / 82.0)  # (a0 + 0) / (a0 + b0 + 80)
+    assert pooled.estimate((1, 2, 0, 0)) == pytest.approx(2.0 / 3.0)  # another position keeps its own rate
+    # a bucket with plenty of data follows its own counts, not its group's
+    for _ in range(400):
+        pooled.update([(0, 9, 0, 0)], 1, 1)
+    assert pooled.estimate((0, 9, 0, 0)) > 0.99
+    assert pooled.estimate(unseen) == pytest.approx((1.0 + 400) / (2.0 + 480))
+
+
+def test_pooled_group_counts_are_the_sum_of_their_buckets_under_forgetting(tmp_path):
+    rng = np.random.default_rng(7)
+    cal = BetaBucketCalibrator(CalibratorConfig(forgetting=0.99))
+    buckets = [[(j, int(rng.integers(0, 3)), 0, 1) for j in range(3)] for _ in range(5)]
+    for _ in range(300):
+        b = buckets[int(rng.integers(0, 5))]
+        nv = int(rng.integers(0, 4))
+        cal.update(b, nv, int(rng.integers(0, nv + 1)))
+    for pos in range(3):
+        members = [k for k in cal.buckets() if k[0] == pos]
+        total = np.sum([cal.counts(k) for k in members], axis=0)
+        assert np.allclose(cal.group_counts((pos,)), total, rtol=1e-9), pos
+    cal.save(str(tmp_path / "prior.json"))
+    back = BetaBucketCalibrator.load(str(tmp_path / "prior.json"))
+    probe = [(0, 0, 0, 1), (1, 2, 0, 1), (2, 7, 1, 0)]  # the last one was never seen
+    assert np.allclose(back.estimate_many(probe), cal.estimate_many(probe), rtol=1e-9)

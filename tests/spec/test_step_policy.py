@@ -95,3 +95,45 @@ def test_measured_cpu_cost_verifies_alone_and_decodes_at_64():
     survival = lambda n: np.cumprod(np.full((n, 7), 0.64), axis=1)  # noqa: E731
     assert plan_step(survival(1), np.array([8]), cost, "compact").mode == "verify"
     assert plan_step(survival(64), np.full(64, 8), cost, "compact").mode == "decode"
+
+
+def test_settled_plain_decoding_probes_one_step_in_four_and_a_good_draft_ends_it():
+    from k3_sglang.spec.drafters.base import DraftBlock
+    from k3_sglang.spec.policy import PROBE_AFTER, PROBE_EVERY
+
+    class Drafter:  # gamma drafts at a fixed confidence; counts the steps it was asked
+        conf, calls = 0.01, 0
+
+        def propose(self, requests, gamma):
+            Drafter.calls += 1
+            n = len(requests)
+            return DraftBlock(np.full((n, gamma), 7, dtype=np.int64), np.full((n, gamma), Drafter.conf),
+                              np.full(n, gamma, dtype=np.int64))
+
+        def release(self, rid):
+            pass
+
+    policy = StepPolicy(SpecSettings(verify_mode="compact"), gamma=3, vocab_size=100)
+    policy._drafter = Drafter()
+    reqs = [_req("a", [1, 2, 3], [4], max_new=10_000)]
+    asked = []
+    for step in range(1, 25):
+        before = Drafter.calls
+        lens, _ = policy._plan_local(_batch(reqs), width=4, context_len=100_000)
+        assert lens == [1]
+        asked.append(Drafter.calls > before)
+        reqs[0].output_ids.append(5)
+    probes = [i + 1 for i, a in enumerate(asked) if a]
+    assert probes[:PROBE_AFTER] == list(range(1, PROBE_AFTER + 1))  # every step until the streak settles
+    assert all(b - a == PROBE_EVERY for a, b in zip(probes[PROBE_AFTER - 1:], probes[PROBE_AFTER:]))
+    assert len(probes) == PROBE_AFTER + (24 - PROBE_AFTER) // PROBE_EVERY
+    Drafter.conf = 0.99  # drafts worth verifying: the next probes (hysteresis) switch back to verify
+    verified_at = None
+    for step in range(1, 3 * PROBE_EVERY + 1):
+        lens, _ = policy._plan_local(_batch(reqs), width=4, context_len=100_000)
+        if lens[0] > 1:
+            verified_at = step
+            break
+    assert verified_at is not None and verified_at <= 2 * PROBE_EVERY
+    assert policy._plain_streak == 0
+    assert policy._plan_local(_batch(reqs), width=4, context_len=100_000)[0][0] > 1  # and keeps verifying

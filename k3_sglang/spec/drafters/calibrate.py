@@ -5,7 +5,12 @@ q_k = P(draft at this position accepted | all earlier drafts of the block accept
 
     q_k = (a0 + s_k) / (a0 + b0 + s_k + f_k) + bonus / sqrt(1 + s_k + f_k)        (clipped to [0, 1])
 
-s_k / f_k are exponentially forgotten success / failure counts. Only VERIFIED positions update them: for a block
+s_k / f_k are exponentially forgotten success / failure counts. With `pooled` (the default) the prior of a bucket is
+not a fixed Beta(a0, b0) but one of the same strength centred on its group's rate (the group is the bucket's first
+feature, the draft position): q_k = (kappa m_g + s_k) / (kappa + s_k + f_k) + bonus / sqrt(1 + s_k + f_k), with
+kappa = a0 + b0 and m_g = (a0 + S_g) / (a0 + b0 + S_g + F_g) over the group's pooled counts. A bucket seen for the
+first time starts at what its position has earned so far rather than at a0 / (a0 + b0): on traffic where lookup
+drafts are never accepted, each new feature combination costs no exploratory verify step on its own. Only VERIFIED positions update them: for a block
 whose first n_verified drafts were verified and first n_accepted accepted, positions 0..n_accepted-1 are successes,
 position n_accepted is one failure if it was verified, and everything after it (rejected prefix, or never verified)
 is censored and not counted. Censoring therefore does not bias the conditional estimate.
@@ -32,13 +37,15 @@ _FORMAT = "k3-spec-calibrator/1"
 
 @dataclass(frozen=True)
 class CalibratorConfig:
-    """a0/b0: Beta prior; forgetting in (0, 1] per counted observation; bonus >= 0 optimism; bins for ECE."""
+    """a0/b0: Beta prior; forgetting in (0, 1] per counted observation; bonus >= 0 optimism; bins for ECE;
+    pooled: a bucket's prior is centred on its position group's pooled rate (module docstring)."""
 
     a0: float = 1.0
     b0: float = 1.0
     forgetting: float = 0.999
     bonus: float = 0.0
     bins: int = 10
+    pooled: bool = True
 
     def __post_init__(self) -> None:
         if not (self.a0 > 0 and self.b0 > 0):
@@ -72,6 +79,7 @@ class BetaBucketCalibrator:
     def __init__(self, config: CalibratorConfig | None = None) -> None:
         self.config = config or CalibratorConfig()
         self._counts: dict[Bucket, list[float]] = {}  # bucket -> [successes, failures, clock at last decay]
+        self._groups: dict[Bucket, list[float]] = {}  # bucket[:1] -> the same, pooled over its buckets
         self._clock = 0  # counted observations so far
         bins = self.config.bins
         self._rel_n = np.zeros(bins)
@@ -79,8 +87,8 @@ class BetaBucketCalibrator:
         self._rel_out = np.zeros(bins)
 
     # -- estimates ---------------------------------------------------------------------------------------------
-    def _decayed(self, bucket: Bucket) -> tuple[float, float]:
-        entry = self._counts.get(bucket)
+    def _decayed(self, bucket: Bucket, table: dict | None = None) -> tuple[float, float]:
+        entry = (self._counts if table is None else table).get(bucket)
         if entry is None:
             return 0.0, 0.0
         lam = self.config.forgetting
@@ -95,11 +103,25 @@ class BetaBucketCalibrator:
         """(successes, failures) of a bucket after forgetting."""
         return self._decayed(tuple(bucket))
 
+    def group_counts(self, bucket: Bucket) -> tuple[float, float]:
+        """(successes, failures) pooled over every bucket sharing this bucket's first feature, after forgetting."""
+        return self._decayed(tuple(bucket)[:1], self._groups)
+
+    def prior_mean(self, bucket: Bucket) -> float:
+        """The mean a bucket's posterior starts from: a0 / (a0 + b0), or its group's pooled rate when pooled."""
+        c = self.config
+        if not c.pooled:
+            return c.a0 / (c.a0 + c.b0)
+        s, f = self.group_counts(bucket)
+        return (c.a0 + s) / (c.a0 + c.b0 + s + f)
+
     def estimate(self, bucket: Bucket) -> float:
         """Conditional acceptance q in [0, 1] of one bucket (posterior mean + optimism bonus)."""
-        s, f = self._decayed(tuple(bucket))
+        bucket = tuple(bucket)
+        s, f = self._decayed(bucket)
         c = self.config
-        q = (c.a0 + s) / (c.a0 + c.b0 + s + f)
+        kappa = c.a0 + c.b0
+        q = (kappa * self.prior_mean(bucket) + s) / (kappa + s + f)
         if c.bonus:
             q += c.bonus / math.sqrt(1.0 + s + f)
         return min(1.0, max(0.0, q))
@@ -110,17 +132,20 @@ class BetaBucketCalibrator:
 
     # -- updates -----------------------------------------------------------------------------------------------
     def _count(self, bucket: Bucket, success: bool, predicted: float | None) -> None:
-        self._decayed(bucket)  # bring the bucket to the current clock before the global decay step
+        group = bucket[:1]
+        self._decayed(bucket)  # bring both entries to the current clock before the global decay step
+        self._decayed(group, self._groups)
         self._clock += 1
         lam = self.config.forgetting
-        entry = self._counts.get(bucket)
-        if entry is None:
-            entry = self._counts[bucket] = [0.0, 0.0, self._clock]
-        else:
-            entry[0] *= lam
-            entry[1] *= lam
-            entry[2] = self._clock
-        entry[0 if success else 1] += 1.0
+        for table, key in ((self._counts, bucket), (self._groups, group)):
+            entry = table.get(key)
+            if entry is None:
+                entry = table[key] = [0.0, 0.0, self._clock]
+            else:
+                entry[0] *= lam
+                entry[1] *= lam
+                entry[2] = self._clock
+            entry[0 if success else 1] += 1.0
         if predicted is not None:
             b = min(int(predicted * self.config.bins), self.config.bins - 1)
             self._rel_n[b] += 1
@@ -178,7 +203,7 @@ class BetaBucketCalibrator:
             buckets.append({"bucket": list(key), "successes": s, "failures": f})
         c = self.config
         return {"format": _FORMAT, "a0": c.a0, "b0": c.b0, "forgetting": c.forgetting, "bonus": c.bonus,
-                "bins": c.bins, "buckets": buckets}
+                "bins": c.bins, "pooled": c.pooled, "buckets": buckets}
 
     def save(self, path: str) -> None:
         with open(path, "w") as fh:
@@ -191,13 +216,17 @@ class BetaBucketCalibrator:
         try:
             config = CalibratorConfig(a0=float(data["a0"]), b0=float(data["b0"]),
                                       forgetting=float(data["forgetting"]), bonus=float(data["bonus"]),
-                                      bins=int(data["bins"]))
+                                      bins=int(data["bins"]), pooled=bool(data.get("pooled", True)))
             cal = cls(config)
             for item in data["buckets"]:
                 s, f = float(item["successes"]), float(item["failures"])
                 if s < 0 or f < 0 or not (math.isfinite(s) and math.isfinite(f)):
                     raise ValueError(f"negative or non-finite counts {s}, {f}")
-                cal._counts[tuple(int(x) for x in item["bucket"])] = [s, f, 0]
+                key = tuple(int(x) for x in item["bucket"])
+                cal._counts[key] = [s, f, 0]
+                group = cal._groups.setdefault(key[:1], [0.0, 0.0, 0])  # a group's counts are its buckets' sums
+                group[0] += s
+                group[1] += f
         except (KeyError, TypeError) as exc:
             raise ValueError(f"calibrator prior: missing or malformed field ({exc})") from None
         return cal
