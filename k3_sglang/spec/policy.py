@@ -118,13 +118,13 @@ class StepPolicy:
         self._forget_departed(reqs)
         if bs == 0 or s.verify_mode == "decode" or not speculation_allowed(batch):
             return [1] * bs, [[] for _ in range(bs)]
+        if s.force_verify_len is None and self._skip_planning():
+            return [1] * bs, [[] for _ in range(bs)]
         seq = batch.seq_lens_cpu.tolist()
         hard = [max(1, min(width, remaining_tokens(r), context_len - int(n))) for r, n in zip(reqs, seq)]
         if s.force_verify_len is not None:  # profiling: exactly this length, drafts = the root repeated
             lens = [min(s.force_verify_len, h) for h in hard]
             return lens, [[int(r.output_ids[-1])] * (n - 1) for r, n in zip(reqs, lens)]
-        if self._skip_planning():
-            return [1] * bs, [[] for _ in range(bs)]
         from k3_sglang.spec.drafters.base import DraftRequest
 
         block = self.drafter.propose([DraftRequest(r.rid, r.origin_input_ids, r.output_ids) for r in reqs],

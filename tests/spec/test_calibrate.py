@@ -154,3 +154,15 @@ def test_pooled_group_counts_are_the_sum_of_their_buckets_under_forgetting(tmp_p
     back = BetaBucketCalibrator.load(str(tmp_path / "prior.json"))
     probe = [(0, 0, 0, 1), (1, 2, 0, 1), (2, 7, 1, 0)]  # the last one was never seen
     assert np.allclose(back.estimate_many(probe), cal.estimate_many(probe), rtol=1e-9)
+
+
+def test_load_refuses_a_non_boolean_pooled(tmp_path):
+    data = BetaBucketCalibrator(CalibratorConfig()).to_json()
+    data["pooled"] = "false"  # a string would be truthy: refused, not read as True
+    bad = tmp_path / "pooled.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="pooled"):
+        BetaBucketCalibrator.load(str(bad))
+    data["pooled"] = False
+    bad.write_text(json.dumps(data))
+    assert BetaBucketCalibrator.load(str(bad)).config.pooled is False

@@ -10,10 +10,12 @@ not a fixed Beta(a0, b0) but one of the same strength centred on its group's rat
 feature, the draft position): q_k = (kappa m_g + s_k) / (kappa + s_k + f_k) + bonus / sqrt(1 + s_k + f_k), with
 kappa = a0 + b0 and m_g = (a0 + S_g) / (a0 + b0 + S_g + F_g) over the group's pooled counts. A bucket seen for the
 first time starts at what its position has earned so far rather than at a0 / (a0 + b0): on traffic where lookup
-drafts are never accepted, each new feature combination costs no exploratory verify step on its own. Only VERIFIED positions update them: for a block
-whose first n_verified drafts were verified and first n_accepted accepted, positions 0..n_accepted-1 are successes,
-position n_accepted is one failure if it was verified, and everything after it (rejected prefix, or never verified)
-is censored and not counted. Censoring therefore does not bias the conditional estimate.
+drafts are never accepted, each new feature combination costs no exploratory verify step on its own.
+
+Only VERIFIED positions update the counts: for a block whose first n_verified drafts were verified and first
+n_accepted accepted, positions 0..n_accepted-1 are successes, position n_accepted is one failure if it was
+verified, and everything after it (rejected prefix, or never verified) is censored and not counted.
+Censoring therefore does not bias the conditional estimate.
 
 Forgetting is per observation: every counted position multiplies all buckets' counts by `forgetting` (applied
 lazily, so an update is O(1) in the number of buckets). The optimism bonus keeps rarely-verified buckets from
@@ -216,7 +218,9 @@ class BetaBucketCalibrator:
         try:
             config = CalibratorConfig(a0=float(data["a0"]), b0=float(data["b0"]),
                                       forgetting=float(data["forgetting"]), bonus=float(data["bonus"]),
-                                      bins=int(data["bins"]), pooled=bool(data.get("pooled", True)))
+                                      bins=int(data["bins"]), pooled=data.get("pooled", True))
+            if not isinstance(config.pooled, bool):
+                raise ValueError(f"'pooled' must be true or false, got {config.pooled!r}")
             cal = cls(config)
             for item in data["buckets"]:
                 s, f = float(item["successes"]), float(item["failures"])
