@@ -110,16 +110,19 @@ def portable_refusals(args) -> list[str]:
 
 
 def spec_refusals(args) -> list[str]:
-    """K3_CSV (k3_sglang/spec) settings this server cannot run: PP, the torch_native MLA baseline, bad K3_SPEC_*."""
+    """K3_CSV (k3_sglang/spec) settings this server cannot run: PP under PD, the torch_native MLA baseline, bad
+    K3_SPEC_*. (`k3 serve` sets SGLANG_ENABLE_PP_SPEC for K3_CSV under PP; spec/pp_hooks.py checks the rest.)"""
     import os
 
     from k3_sglang.spec.settings import SpecSettings
 
     reasons = []
     pp = int(getattr(args, "pp_size", 1) or 1)
-    if pp > 1:
-        reasons.append(f"--speculative-algorithm K3_CSV with --pp-size {pp}: verify inside a pipeline is not built "
-                       "(run PP on a PD prefill server, speculation on the decode server)")
+    mode = getattr(args, "disaggregation_mode", "null") or "null"
+    if pp > 1 and mode != "null":
+        reasons.append(f"--speculative-algorithm K3_CSV with --pp-size {pp} and --disaggregation-mode {mode}: "
+                       "SGLang's pipeline speculation relay is aggregated-only (run the PP prefill server without "
+                       "speculation, K3_CSV on the decode server)")
     if os.environ.get("K3_MLA_EXTEND", "chunk") == "torch_native":
         reasons.append("--speculative-algorithm K3_CSV with K3_MLA_EXTEND=torch_native: verify runs on the chunked "
                        "MLA extend path only")

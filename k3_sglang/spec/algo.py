@@ -12,8 +12,11 @@ def validate_server_args(server_args) -> None:
 
     SpecSettings.from_env()  # bad K3_SPEC_* values fail here, before any worker starts
     if int(getattr(server_args, "pp_size", 1) or 1) > 1:
-        raise ValueError("--speculative-algorithm K3_CSV with --pp-size > 1: verify inside a pipeline is not built; "
-                         "run PP on a PD prefill server and speculation on the decode server")
+        from k3_sglang.spec.pp_hooks import pipeline_refusals
+
+        reasons = pipeline_refusals(server_args)
+        if reasons:
+            raise ValueError("--speculative-algorithm " + "; ".join(reasons))
     width = getattr(server_args, "speculative_num_draft_tokens", None)
     if width is not None and int(width) < 2:
         raise ValueError(f"--speculative-num-draft-tokens {width}: K3_CSV needs at least 2 (a root and one draft)")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang.srt.speculative.ngram_info import NgramVerifyInput
 from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
 
 
@@ -66,16 +67,31 @@ class VerifyLayout:
         return self.valid().flatten().nonzero().flatten()
 
 
-def one_token_draft_state(width: int, new_seq_lens: torch.Tensor, tokens: torch.Tensor):
-    """SGLang's between-steps speculative state after a step that emitted one token per request (`tokens` [B]):
-    accept_tokens [B * width] with the token in column 0, accept_lens all 1 (the NGRAM worker's layout)."""
-    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+class K3DraftState(NgramVerifyInput):
+    """SGLang's between-steps speculative state (the NGRAM worker's layout) plus bonus_tokens [B], each request's
+    last committed token, which SGLang's pipeline relay sends to the earlier stages."""
 
+    topk_p = None  # no draft model: the pipeline relay has no draft distribution or hidden states to send
+
+
+def draft_state(width: int, new_seq_lens: torch.Tensor, accept_tokens: torch.Tensor, accept_lens: torch.Tensor,
+                bonus_tokens: torch.Tensor) -> K3DraftState:
+    """accept_tokens [B * width] (request b's committed tokens from column b * width), accept_lens [B],
+    new_seq_lens [B], bonus_tokens [B] -> the state SGLang carries to the next step."""
+    state = K3DraftState(draft_token_num=width, new_seq_lens=new_seq_lens, accept_tokens=accept_tokens,
+                         accept_lens=accept_lens)
+    state.bonus_tokens = bonus_tokens
+    return state
+
+
+def one_token_draft_state(width: int, new_seq_lens: torch.Tensor, tokens: torch.Tensor):
+    """The state after a step that emitted one token per request (`tokens` [B]): the token in column 0 of
+    accept_tokens [B * width], accept_lens all 1."""
     bs = tokens.shape[0]
     accept = torch.zeros(bs, width, dtype=torch.int32, device=tokens.device)
     accept[:, 0] = tokens
-    return NgramVerifyInput(draft_token_num=width, new_seq_lens=new_seq_lens, accept_tokens=accept.flatten(),
-                            accept_lens=torch.ones(bs, dtype=torch.int32, device=tokens.device))
+    return draft_state(width, new_seq_lens, accept.flatten(),
+                       torch.ones(bs, dtype=torch.int32, device=tokens.device), tokens)
 
 
 class K3VerifyInput(SpecInput):

@@ -5,7 +5,8 @@ detokenizer), so `--speculative-algorithm K3_CSV` resolves everywhere through SG
 (`SpeculativeAlgorithm.register`); no SGLang file is edited. On our CPU platform one more hook is installed:
 `mem_cache.allocation.assign_req_to_token_pool_func`, which every speculative decode step calls to write the
 reserved KV slots into req_to_token, launches a Triton kernel unless SGLang's own Xeon engine is on; the
-replacement is the same gather/scatter in torch.
+replacement is the same gather/scatter in torch. The pipeline hooks of spec/pp_hooks.py (K3_CSV inside one
+`--pp-size N` server) are installed there too; they are inert for every other algorithm.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _factory(server_args):
 
 def register() -> None:
     """Entry point: register K3_CSV once per process (a second call is a no-op) and, on our CPU platform with the
-    portable model, the torch req_to_token writer."""
+    portable model, the torch req_to_token writer and the pipeline hooks."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
@@ -54,4 +55,8 @@ def register() -> None:
     if active():
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+        from k3_sglang.spec import pp_hooks
+
         HookRegistry.register(ASSIGN_TARGET, assign_req_to_token_pool_torch, HookType.REPLACE)
+        for target, hook, kind in pp_hooks.installed_hooks():
+            HookRegistry.register(target, hook, HookType[kind])

@@ -54,7 +54,7 @@ class StepPolicy:
         self.settings, self.gamma, self.vocab_size = settings, gamma, vocab_size
         self._drafter = None
         self._planner = None
-        self._running: set[str] = set()
+        self._running: dict[int, set[str]] = {}  # batch group (pipeline microbatch) -> its request ids
         self._plain_streak = 0  # consecutive compact steps planned as plain decode
         self._skipped = 0  # steps skipped since the last probe
 
@@ -96,26 +96,29 @@ class StepPolicy:
         self._skipped = 0
         return False
 
-    def plan(self, batch, width: int, context_len: int, tp_group) -> tuple[list[int], list[list[int]]]:
-        """(verify_lens [B] >= 1, drafts [B] lists of at least verify_len - 1 tokens) for this decode step."""
-        lens, drafts = self._plan_local(batch, width, context_len)
+    def plan(self, batch, width: int, context_len: int, tp_group, group: int = 0) -> tuple[list[int], list[list[int]]]:
+        """(verify_lens [B] >= 1, drafts [B] lists of at least verify_len - 1 tokens) for this decode step.
+
+        `group` names the batch's request set: one server has one running batch (group 0), a pipeline's first stage
+        one per microbatch, each holding other requests (only those that leave their own group are forgotten)."""
+        lens, drafts = self._plan_local(batch, width, context_len, group)
         if tp_group is not None and tp_group.world_size > 1:
             lens, drafts = tp_group.broadcast_object((lens, drafts), src=0)
         return lens, drafts
 
-    def _forget_departed(self, reqs) -> None:
-        """Drop drafter state of requests that left the decode batch (finished, aborted or retracted: a retracted
+    def _forget_departed(self, reqs, group: int = 0) -> None:
+        """Drop drafter state of requests that left their decode batch (finished, aborted or retracted: a retracted
         request that comes back is indexed again from its context)."""
         current = {r.rid for r in reqs}
-        for rid in self._running - current:
+        for rid in self._running.get(group, set()) - current:
             self.release(rid)
-        self._running = current
+        self._running[group] = current
 
-    def _plan_local(self, batch, width: int, context_len: int) -> tuple[list[int], list[list[int]]]:
+    def _plan_local(self, batch, width: int, context_len: int, group: int = 0) -> tuple[list[int], list[list[int]]]:
         reqs = batch.reqs
         bs = len(reqs)
         s = self.settings
-        self._forget_departed(reqs)
+        self._forget_departed(reqs, group)
         if bs == 0 or s.verify_mode == "decode" or not speculation_allowed(batch):
             return [1] * bs, [[] for _ in range(bs)]
         if s.force_verify_len is None and self._skip_planning():

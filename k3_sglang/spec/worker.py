@@ -19,13 +19,13 @@ import time
 import torch
 
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
 from k3_sglang.spec.accept import accept_greedy
-from k3_sglang.spec.info import K3VerifyInput, VerifyLayout, one_token_draft_state
+from k3_sglang.spec.batch_prep import to_plain_decode, to_verify
+from k3_sglang.spec.info import draft_state, one_token_draft_state
 from k3_sglang.spec.policy import StepPolicy
+from k3_sglang.spec.pp_plan import plan_from_wire
 from k3_sglang.spec.settings import spec_settings
 from k3_sglang.spec.step_record import StepRecorder
 
@@ -70,7 +70,7 @@ class K3SpecWorker(BaseSpecWorker):
     # -- one scheduler step
     def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None) -> GenerationBatchResult:
         if batch.forward_mode.is_decode():
-            return self._decode_round(batch, on_publish)
+            return self._decode_round(batch, on_publish, pp_proxy_tensors)
         return self._extend_round(batch, on_publish, pp_proxy_tensors)
 
     def _extend_round(self, batch, on_publish, pp_proxy_tensors) -> GenerationBatchResult:
@@ -90,13 +90,22 @@ class K3SpecWorker(BaseSpecWorker):
             accept_lens=state.accept_lens, new_seq_lens=new_seq_lens, next_draft_input=state,
             speculative_num_draft_tokens=self.width)
 
-    def _decode_round(self, batch, on_publish) -> GenerationBatchResult:
+    def _round_plan(self, batch, pp_proxy_tensors) -> tuple[list[int], list[list[int]]]:
+        """This round's verify lengths and drafts: planned here, or (a later pipeline stage) as the first stage
+        planned them (spec/pp_plan.py)."""
+        if pp_proxy_tensors is not None:
+            plan = plan_from_wire(pp_proxy_tensors.tensors, len(batch.reqs))
+            if plan is not None:
+                return plan
+        return self.policy.plan(batch, self.width, self.context_len, self.tp_group)
+
+    def _decode_round(self, batch, on_publish, pp_proxy_tensors=None) -> GenerationBatchResult:
         t0 = time.perf_counter()
-        lens, drafts = self.policy.plan(batch, self.width, self.context_len, self.tp_group)
+        lens, drafts = self._round_plan(batch, pp_proxy_tensors)
         if max(lens) <= 1:
-            result, kind, accepted = self._plain_decode(batch), "decode", 0
+            result, kind, accepted = self._plain_decode(batch, pp_proxy_tensors), "decode", 0
         else:
-            result, accepted = self._verify(batch, lens, drafts)
+            result, accepted = self._verify(batch, lens, drafts, pp_proxy_tensors)
             kind = "verify"
         if on_publish is not None:
             on_publish(result.new_seq_lens)
@@ -104,55 +113,37 @@ class K3SpecWorker(BaseSpecWorker):
                            seconds=time.perf_counter() - t0, drafted=sum(lens) - len(lens), accepted=accepted)
         return result
 
-    def _plain_decode(self, batch) -> GenerationBatchResult:
+    def _plain_decode(self, batch, pp_proxy_tensors=None) -> GenerationBatchResult:
         """One token per request at its committed position (SGLang reserved the slots in req_to_token)."""
-        seq, seq_cpu = batch.seq_lens, batch.seq_lens_cpu
-        req_to_token = self.req_to_token_pool.req_to_token
-        batch.forward_mode = ForwardMode.DECODE
-        batch.input_ids = torch.tensor([req.output_ids[-1] for req in batch.reqs], dtype=torch.int64,
-                                       device=self.device)
-        batch.out_cache_loc = req_to_token[batch.req_pool_indices.long(), seq.long()].to(torch.int64)
-        batch.seq_lens = seq + 1
-        batch.seq_lens_cpu = seq_cpu + 1
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        batch.spec_info = None
-        res = self._target_worker.forward_batch_generation(batch)
+        seq = batch.seq_lens
+        to_plain_decode(batch, self.req_to_token_pool.req_to_token, self.device)
+        res = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
         out = res.logits_output
         if out is not None and out.next_token_logprobs is not None:  # speculative results hold a list per request
             out.next_token_logprobs = out.next_token_logprobs.view(len(batch.reqs), 1)
         return self._one_token_result(res, seq + 1, decode=True)
 
-    def _verify(self, batch, lens: list[int], drafts: list[list[int]]) -> tuple[GenerationBatchResult, int]:
+    def _verify(self, batch, lens: list[int], drafts: list[list[int]],
+                pp_proxy_tensors=None) -> tuple[GenerationBatchResult, int]:
         bs = len(batch.reqs)
-        seq_cpu = [int(n) for n in batch.seq_lens_cpu.tolist()]
-        layout = VerifyLayout(tuple(lens), tuple(seq_cpu))
-        tokens: list[int] = []
-        for req, n, d in zip(batch.reqs, lens, drafts):
-            tokens.append(int(req.output_ids[-1]))
-            tokens.extend(d[: n - 1])
-        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        spec = K3VerifyInput(layout, self.width, self.device)
-        rows = batch.req_pool_indices.long()[:, None].expand(-1, layout.l_max).flatten()[spec.packed_index]
-        out_cache_loc = self.req_to_token_pool.req_to_token[rows, spec.positions].to(torch.int64)  # reserved slots
-        batch.forward_mode = ForwardMode.TARGET_VERIFY
-        batch.input_ids = ids
-        batch.out_cache_loc = out_cache_loc
-        batch.spec_info = spec
-        res = self._target_worker.forward_batch_generation(batch, is_verify=True)
+        spec = to_verify(batch, self.req_to_token_pool.req_to_token, lens, drafts, self.width, self.device)
+        ids = batch.input_ids
+        res = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=True)
         logits = res.logits_output.next_token_logits
-        if logits.shape[0] != layout.num_tokens:
-            raise RuntimeError(f"K3_CSV verify: {logits.shape[0]} logit rows for {layout.num_tokens} verified tokens")
+        if logits.shape[0] != spec.layout.num_tokens:
+            raise RuntimeError(f"K3_CSV verify: {logits.shape[0]} logit rows for {spec.layout.num_tokens} verified "
+                               "tokens")
         commit_lens, outs = accept_greedy(torch.argmax(logits, -1), ids, lens)
         self.model_runner.model.commit_verify(spec, torch.tensor(commit_lens, dtype=torch.int64))
         self.policy.observe(batch.reqs, lens, commit_lens)
         next_ids = torch.zeros(bs, self.width, dtype=torch.int32)
         for i, out in enumerate(outs):
             next_ids[i, : len(out)] = torch.tensor(out, dtype=torch.int32)
+        bonus = torch.tensor([out[-1] for out in outs], dtype=torch.int64, device=self.device)
         next_ids = next_ids.flatten().to(self.device)
         accept_lens = torch.tensor(commit_lens, dtype=torch.int32, device=self.device)
         new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.dtype)
-        state = NgramVerifyInput(draft_token_num=self.width, new_seq_lens=new_seq_lens, accept_tokens=next_ids,
-                                 accept_lens=accept_lens)
+        state = draft_state(self.width, new_seq_lens, next_ids, accept_lens, bonus)
         result = GenerationBatchResult(
             logits_output=res.logits_output, next_token_ids=next_ids, can_run_cuda_graph=False,
             accept_lens=accept_lens, new_seq_lens=new_seq_lens, next_draft_input=state,

@@ -6,7 +6,9 @@ the controlled drafter (the reference's own continuations, corrupted per request
 token-identical at concurrency 1 and 16 while it really speculates (verify steps with accepted drafts, read from its per-step
 K3_SPEC_RECORD). A second K3_CSV server runs the default prompt-lookup drafter in `static` mode (verify-all) on
 repetitive prompts. Requests the worker must not speculate on (logprobs, sampling) are served by plain decode
-steps, never refused. The slow tier adds TP2/DCP2 (a third server).
+steps, never refused. A PP2 server (K3_CSV inside SGLang's pipeline: the first stage plans, the plan rides the
+proxy, earlier stages commit KDA from the relayed accept lens) must match at concurrency 1 and 16 too. The slow tier
+adds TP2/DCP2.
 """
 from __future__ import annotations
 
@@ -164,9 +166,47 @@ def test_dcp2_verify_lossless(tiny_dir, oracle, references, tmp_path_factory):
     proc, record = _controlled_server(tiny_dir, oracle, tmp_path_factory.mktemp("spec-dcp2"),
                                       ["--tp-size", "2", "--dcp-size", "2"])
     try:
-        assert _parallel(proc.url, PROMPTS[:4]) == references[:4]
         assert _generate(proc.url, PROMPTS[5])["output_ids"] == references[5]
+        assert _parallel(proc.url, PROMPTS) == references  # concurrency 16
     finally:
         proc.stop()
     verify = [s for s in _records(record) if s["kind"] == "verify"]
     assert verify and sum(s["accepted"] for s in verify) > len(verify)
+
+
+def _pp_verify_lossless(tiny_dir, oracle, references, server, work, flags):
+    """Stage 0 plans every decode round and runs it on its layers, the last stage (the K3_CSV worker) verifies the
+    same chains from the plan it received with the proxy and accepts; stage 0 commits its KDA layers when the
+    accept lens come back around the ring. Both microbatches speculate at concurrency 16; a logprob request is
+    served by plain decode steps through the same pipeline."""
+    proc, record = _controlled_server(tiny_dir, oracle, work, flags)
+    try:
+        for prompt, ref in zip(PROMPTS[:3], references[:3]):
+            assert _generate(proc.url, prompt)["output_ids"] == ref
+        single = _records(record)
+        assert _parallel(proc.url, PROMPTS) == references
+        batched = _records(record)[len(single):]
+        got = _generate(proc.url, PROMPTS[2], return_logprob=True)
+        want = _generate(server.url, PROMPTS[2], return_logprob=True)
+    finally:
+        proc.stop()
+    verify = [s for s in single if s["kind"] == "verify"]
+    assert verify and sum(s["accepted"] for s in verify) > len(verify), "concurrency 1 never accepted drafts"
+    assert any(s["kind"] == "verify" and s["n_reqs"] > 1 for s in batched), "concurrency 16 never verified a batch"
+    assert got["output_ids"] == references[2]
+    got_lp = [x[0] for x in got["meta_info"]["output_token_logprobs"]]
+    want_lp = [x[0] for x in want["meta_info"]["output_token_logprobs"]]
+    assert len(got_lp) == NEW_TOKENS and max(abs(a - b) for a, b in zip(got_lp, want_lp)) < 1e-4
+
+
+def test_pp2_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory):
+    _pp_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory.mktemp("spec-pp2"),
+                        ["--pp-size", "2"])
+
+
+@pytest.mark.slow
+def test_tp2_pp2_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory):
+    """TP2 x PP2: stage 0's TP ranks take TP rank 0's plan; the plan crosses the stage boundary split over the TP
+    ranks (SGLang's tensor-dict send) and is whole again on stage 1."""
+    _pp_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory.mktemp("spec-tp2-pp2"),
+                        ["--tp-size", "2", "--pp-size", "2"])

@@ -112,8 +112,9 @@ def test_start_refusals(monkeypatch):
 
     base = ["--model-path", "/nonexistent", "--speculative-algorithm", "K3_CSV", "--disable-cuda-graph"]
     assert not [r for r in portable_refusals(parse_sglang_argv(base)) if "speculative" in r or "K3_" in r]
-    reasons = portable_refusals(parse_sglang_argv(base + ["--pp-size", "2"]))
-    assert any("K3_CSV with --pp-size 2" in r for r in reasons)
+    assert not [r for r in portable_refusals(parse_sglang_argv(base + ["--pp-size", "2"])) if "K3_CSV" in r]
+    reasons = portable_refusals(parse_sglang_argv(base + ["--pp-size", "2", "--disaggregation-mode", "decode"]))
+    assert any("K3_CSV with --pp-size 2 and --disaggregation-mode decode" in r for r in reasons)
     monkeypatch.setenv("K3_MLA_EXTEND", "torch_native")
     assert any("torch_native" in r for r in portable_refusals(parse_sglang_argv(base)))
     monkeypatch.delenv("K3_MLA_EXTEND")

@@ -26,7 +26,8 @@ REFUSED = [
     (["--ep-size", "16"], "--ep-size 16: expert parallelism"),
     (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE: not supported by the portable model"),
     (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM: not supported"),
-    (["--speculative-algorithm", "K3_CSV", "--pp-size", "2"], "--speculative-algorithm K3_CSV with --pp-size 2"),
+    (["--speculative-algorithm", "K3_CSV", "--pp-size", "2", "--disaggregation-mode", "prefill"],
+     "--speculative-algorithm K3_CSV with --pp-size 2 and --disaggregation-mode prefill"),
     (["--speculative-algorithm", "K3_CSV", "--speculative-num-draft-tokens", "1"], "K3_CSV needs at least 2"),
     (["--speculative-algorithm", "K3_CSV", "--mamba-radix-cache-strategy", "extra_buffer"],
      "K3_CSV with --mamba-radix-cache-strategy extra_buffer"),
@@ -81,6 +82,20 @@ def test_supported_configurations_pass(monkeypatch, launched):
         launched.clear()
         assert main(["serve", *flags]) == 0, flags
         assert len(launched) == 1
+
+
+def test_k3_csv_in_a_pipeline_is_served_with_sglangs_pp_spec_relay(monkeypatch):
+    """K3_CSV under --pp-size passes the portable checks and `k3 serve` turns on SGLang's PP speculation relay
+    (SGLANG_ENABLE_PP_SPEC, which spec/pp_hooks.py requires); no other command line gets it."""
+    from k3_sglang.serving.cli import serving_env
+
+    monkeypatch.delenv("SGLANG_ENABLE_PP_SPEC", raising=False)
+    flags = ["--speculative-algorithm", "K3_CSV", "--pp-size", "2"]
+    assert portable_refusals(parse_sglang_argv([*PORTABLE_BASE, *flags])) == []
+    assert serving_env(flags, on_cpu=True)["SGLANG_ENABLE_PP_SPEC"] == "1"
+    for other in (["--speculative-algorithm", "K3_CSV"], ["--pp-size", "2"]):
+        assert "SGLANG_ENABLE_PP_SPEC" not in serving_env(other, on_cpu=True), other
+    assert "SGLANG_ENABLE_PP_SPEC" not in serving_env(flags, on_cpu=False, portable=False)  # SGLang's K3: its rules
 
 
 PORTABLE_BASE = ["--model-path", "x", "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill",
