@@ -12,6 +12,7 @@ At each concurrency c, c closed-loop workers each stream --requests-per-worker g
 (ignore_eos, --max-new-tokens, distinct prompts by input_ids, the same prompts for every arm); arms interleave
 per round (A, B, C, A, B, C, ...). Reports decode and end-to-end tokens/s, ratios, accept length, C's fraction of
 plain-decode steps, output identity across arms, the issue's goals; writes docs/bench-verify.md and a plot.
+--pp-size N runs all three arms as N-stage pipelines (K3_CSV inside SGLang's PP relay, spec/pp_hooks.py).
 """
 from __future__ import annotations
 
@@ -147,6 +148,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                         help="--dtype of every server (default: k3 serve's, bf16)")
     parser.add_argument("--cost-table", default=str(COST), help=f"C's cost table (default {COST})")
+    parser.add_argument("--pp-size", type=int, default=1,
+                        help="--pp-size of every arm (default 1; 2..4 runs the three arms as pipelines)")
     parser.add_argument("--out", default=str(DOC), help=f"report (default {DOC}; '-': none)")
 
 
@@ -159,6 +162,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise CliError("--repeats and --min-requests must be >= 1, --max-new-tokens >= 4, --prompt-tokens >= 16")
     if not 2 <= args.width <= 16:
         raise CliError("--width must be in 2..16")
+    if not 1 <= args.pp_size <= 4:
+        raise CliError("--pp-size must be in 1..4 (the portable model serves up to 4 stages)")
     if not Path(args.cost_table).is_file():
         raise CliError(f"no cost table at {args.cost_table}: run `k3 bench profile-verify` first (it writes "
                        f"{COST}) or pass --cost-table")
@@ -195,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     pool = max(32768, 2 * 64 * (args.prompt_tokens + 40 + args.max_new_tokens + args.width))
     flags = ["--disable-radix-cache", "--max-running-requests", "64", "--max-total-tokens", str(pool)]
     flags += ["--dtype", args.dtype] if args.dtype else []
+    flags += ["--pp-size", str(args.pp_size)] if args.pp_size > 1 else []
     spec = ["--speculative-algorithm", "K3_CSV", "--speculative-num-draft-tokens", str(args.width)]
     prompts = {w: build_prompts(w, args.repeats, conc, per_worker, args.prompt_tokens) for w in args.workloads}
     warm = [chat_prompt(args.prompt_tokens, 99_000_000 + i) for i in range(4)]

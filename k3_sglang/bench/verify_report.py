@@ -248,7 +248,8 @@ def write_report(args, started, load_before, cells, outputs, concurrency, per_wo
     cmd = (f"k3 bench verify --concurrency {' '.join(map(str, concurrency))} --repeats {args.repeats} "
            f"--max-new-tokens {args.max_new_tokens} --prompt-tokens {args.prompt_tokens} --min-requests "
            f"{args.min_requests} --workloads {' '.join(args.workloads)} --width {args.width} --profile {args.profile} "
-           f"--cost-table {args.cost_table}" + (f" --dtype {args.dtype}" if args.dtype else ""))
+           f"--cost-table {args.cost_table}" + (f" --dtype {args.dtype}" if args.dtype else "")
+           + (f" --pp-size {args.pp_size}" if getattr(args, "pp_size", 1) > 1 else ""))
     png = Path(str(args.out)).with_suffix(".png") if str(args.out) != "-" else None
     parts = [
         "# `k3 bench verify`: no-spec vs verify-all vs confidence-scheduled verification (K3_CSV)", "",
@@ -256,7 +257,8 @@ def write_report(args, started, load_before, cells, outputs, concurrency, per_wo
         f"{load[0]:.2f} at the end. Command:", "", f"```\n{cmd}\n```", "",
         f"Servers: the tiny K3 (random weights) in {args.dtype or 'bf16'} with `k3 serve` defaults, "
         "`--disable-radix-cache "
-        "--max-running-requests 64`, SGLang 0.5.23 on CPU. "
+        "--max-running-requests 64`" + (f" and `--pp-size {args.pp_size}` (every arm a pipeline)"
+                                        if getattr(args, "pp_size", 1) > 1 else "") + ", SGLang 0.5.23 on CPU. "
         f"A = no speculation; B = `--speculative-algorithm K3_CSV --speculative-num-draft-tokens {args.width}` with "
         f"K3_SPEC_VERIFY_MODE=static (verify every draft); C = the same with K3_SPEC_VERIFY_MODE=compact and "
         f"K3_SPEC_COST_TABLE={args.cost_table} (the planner). Workloads: `controlled` = the controlled drafter "

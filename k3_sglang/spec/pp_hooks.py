@@ -11,15 +11,25 @@ it (`eagle_prepare_for_verify` + the plain TP worker); the last stage's results 
 1. The first stage plans each decode round (spec/policy.py StepPolicy: drafter + planner, one request set per
    microbatch, every TP rank taking TP rank 0's plan) when SGLang asks it to prepare the verify, and runs a plain
    decode or the chain verify on its own layers (spec/batch_prep.py, the worker's code).
-2. The plan rides the PP proxy dict to the next stage (spec/pp_plan.py). A middle stage runs the plan it received
-   and passes it on; the last stage's K3SpecWorker runs it, accepts greedily and commits its own KDA layers.
+2. A verify round's plan rides the PP proxy dict to the next stage (spec/pp_plan.py; a round without one is a plain
+   decode). A middle stage runs the plan it received and passes it on; the last stage's K3SpecWorker runs it,
+   accepts greedily and commits its own KDA layers.
 3. When the relayed accept lens come back, each earlier stage replays its KDA records up to them (the worker's
    commit) and the first stage's drafter observes them (online calibration). A plain decode round advanced KDA in
    place and leaves nothing to commit. MLA needs no commit: accepted rows already sit in their final KV slots.
 
+The relay's results carry three per-request speculative tensors, each its own message per hop; a K3_CSV
+pipeline packs them into one (spec/pp_plan.py) and unpacks them before SGLang reads them.
+
+SGLang's relay also makes an earlier stage wait for the next microbatch's results before it launches the current
+one on a verify round (EAGLE's tree rebuild needs that order); that serialises the stages, so a K3_CSV pipeline
+keeps the plain PP order, in which a microbatch's results are still processed before its own next launch.
+
 Hooks (each delegates to SGLang's original for any other algorithm; `installed_hooks()` lists them):
 - arg_groups.validation_hook.check_pipeline_parallel_compat (AROUND): K3_CSV passes with SGLANG_ENABLE_PP_SPEC,
   the overlap scheduler off, no PD and no attention DP (SGLang admits only EAGLE there).
+- scheduler_pp_mixin._pp_exchange_outputs_before_forward (AROUND): the plain PP order for K3_CSV rounds.
+- SchedulerPPMixin._pp_prepare_tensor_dict / _pp_prep_batch_result (AROUND): pack / unpack the results.
 - SchedulerPPMixin._pp_launch_batch (AROUND): the microbatch id and received proxy while the stage runs it; the
   plan added to the proxy it sends on.
 - SchedulerPPMixin._pp_spec_rebuild_verify_input (AROUND): nothing to rebuild for K3_CSV.
@@ -28,13 +38,14 @@ Hooks (each delegates to SGLang's original for any other algorithm; `installed_h
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from dataclasses import dataclass, field
 
 import torch
 
-from k3_sglang.spec.pp_plan import plan_from_wire, plan_to_wire
+from k3_sglang.spec.pp_plan import pack_accept, plain_plan, plan_from_wire, plan_to_wire, unpack_accept
 from k3_sglang.spec.settings import ALGORITHM
 
 logger = logging.getLogger(__name__)
@@ -42,10 +53,13 @@ logger = logging.getLogger(__name__)
 PP_SPEC_ENV = "SGLANG_ENABLE_PP_SPEC"
 MIXIN = "sglang.srt.managers.scheduler_pp_mixin.SchedulerPPMixin"
 COMPAT_TARGET = "sglang.srt.arg_groups.validation_hook.check_pipeline_parallel_compat"
+ORDER_TARGET = "sglang.srt.managers.scheduler_pp_mixin._pp_exchange_outputs_before_forward"
 LAUNCH_TARGET = f"{MIXIN}._pp_launch_batch"
 REBUILD_TARGET = f"{MIXIN}._pp_spec_rebuild_verify_input"
 PREPARE_TARGET = "sglang.srt.speculative.eagle_utils.eagle_prepare_for_verify"
 COMMIT_TARGET = f"{MIXIN}._pp_spec_commit_relayed_accept"
+PACK_TARGET = f"{MIXIN}._pp_prepare_tensor_dict"
+UNPACK_TARGET = f"{MIXIN}._pp_prep_batch_result"
 
 
 def is_k3_csv(algorithm) -> bool:
@@ -113,6 +127,20 @@ def check_pipeline_compat(original, cfg, *args, **kwargs):
     return None
 
 
+def exchange_outputs_first(original, *args, **kwargs):
+    """AROUND _pp_exchange_outputs_before_forward(cur_batch, spec_relay, is_last_rank, async_batch_depth): False
+    for a K3_CSV round (the plain PP order: launch, then receive and process the next microbatch's results).
+
+    That order is enough for K3_CSV: with L = pp_size microbatches in the ring, the results a stage receives after
+    launching microbatch m are those of m + 1, which it launches next, so every microbatch's accept lens are
+    committed and its tokens appended before its next round is planned."""
+    bound = inspect.signature(original).bind(*args, **kwargs).arguments
+    batch, depth = bound.get("cur_batch"), bound.get("async_batch_depth", 0)
+    if batch is not None and depth == 0 and is_k3_csv(batch.spec_algorithm):
+        return False
+    return original(*args, **kwargs)
+
+
 def launch_batch(original, scheduler, mb_id, cur_batch, pp_proxy_tensors, *args, **kwargs):
     """AROUND _pp_launch_batch: run the microbatch with its launch context; send the plan with the proxy."""
     if not is_k3_csv(scheduler.spec_algorithm):
@@ -128,6 +156,22 @@ def launch_batch(original, scheduler, mb_id, cur_batch, pp_proxy_tensors, *args,
     if launch.wire_out is not None and proxy is not None:
         proxy.tensors.update(launch.wire_out)
     return result, event
+
+
+def pack_results(original, scheduler, result, batch, *args, **kwargs):
+    """AROUND _pp_prepare_tensor_dict(result, batch) on the last stage: the speculative results as one tensor."""
+    tensors = original(scheduler, result, batch, *args, **kwargs)
+    return pack_accept(tensors) if is_k3_csv(scheduler.spec_algorithm) else tensors
+
+
+def unpack_results(original, scheduler, batch, mb_metadata, pp_outputs, *args, **kwargs):
+    """AROUND _pp_prep_batch_result(batch, mb_metadata, pp_outputs): SGLang reads the unpacked entries from a copy;
+    the dict this stage forwards around the ring stays packed."""
+    if is_k3_csv(scheduler.spec_algorithm):
+        tensors = unpack_accept(pp_outputs.tensors, batch.seq_lens.dtype)
+        if tensors is not None:
+            pp_outputs = type(pp_outputs)(tensors)
+    return original(scheduler, batch, mb_metadata, pp_outputs, *args, **kwargs)
 
 
 def rebuild_verify_input(original, scheduler, batch, *args, **kwargs):
@@ -166,16 +210,13 @@ def prepare_for_verify(original, verify_input, req_to_token_pool, batch, target_
         context_len = int(target_worker.model_runner.model_config.context_len)
         lens, drafts = _first_stage_policy(target_worker).plan(batch, width, context_len, get_tp_group(),
                                                                group=launch.mb_id)
-    else:
-        plan = plan_from_wire(launch.proxy_in.tensors, len(batch.reqs))
-        if plan is None:
-            raise RuntimeError("K3_CSV: the previous pipeline stage sent no verify plan with this decode round")
-        lens, drafts = plan
-    launch.wire_out = plan_to_wire(lens, drafts, width - 1)
+    else:  # no plan with the proxy: a plain decode round
+        lens, drafts = plan_from_wire(launch.proxy_in.tensors, len(batch.reqs)) or plain_plan(len(batch.reqs))
     req_to_token = req_to_token_pool.req_to_token
     if max(lens) <= 1:
         to_plain_decode(batch, req_to_token, batch.device)
     else:
+        launch.wire_out = plan_to_wire(lens, drafts, width - 1)
         spec = to_verify(batch, req_to_token, lens, drafts, width, batch.device)
         _STATE.pending[launch.mb_id] = _Pending(tuple(r.rid for r in batch.reqs), list(batch.reqs), list(lens), spec)
     return ForwardBatch.init_new(batch, target_worker.model_runner, return_hidden_states_before_norm=False), False
@@ -205,6 +246,9 @@ def commit_relayed_accept(original, scheduler, batch, fwd_batch, fwd_rids, live_
 def installed_hooks():
     """(target, hook, hook type name) of every hook the K3_CSV plugin installs for pipelines."""
     return [(COMPAT_TARGET, check_pipeline_compat, "AROUND"),
+            (ORDER_TARGET, exchange_outputs_first, "AROUND"),
+            (PACK_TARGET, pack_results, "AROUND"),
+            (UNPACK_TARGET, unpack_results, "AROUND"),
             (LAUNCH_TARGET, launch_batch, "AROUND"),
             (REBUILD_TARGET, rebuild_verify_input, "AROUND"),
             (PREPARE_TARGET, prepare_for_verify, "AROUND"),

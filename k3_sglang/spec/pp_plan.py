@@ -1,13 +1,21 @@
 """K3_CSV's verify plan on the pipeline wire (pure torch).
 
 Under pipeline parallelism the first stage plans each decode round (drafts and verify lengths) and every later
-stage must run the same forward, so the plan rides the PP proxy dict beside `hidden_states` and `attn_res_bank`
-(model/pipeline carry readers look up their own keys only):
+stage must run the same forward, so a verify round's plan rides the PP proxy dict beside `hidden_states` and
+`attn_res_bank` (the pipeline carry readers look up their own keys only), as one tensor (each tensor is its own
+message on the wire):
 
-    k3_csv_verify_lens   [B] int64, >= 1 (1 = the root only: no draft verified)
-    k3_csv_verify_drafts [B, gamma] int64, row b's first lens[b] - 1 entries are its drafts, the rest 0
+    k3_csv_verify_plan [B, 1 + gamma] int64: column 0 = verify length (>= 1; 1 = the root only), then the
+    request's drafts (its first length - 1 entries; the rest 0)
 
-A round whose lengths are all 1 runs as a plain decode on every stage; otherwise as one chain verify.
+A decode round that carries no plan is a plain decode on every stage (one token per request), so the rounds a
+settled planner decodes plainly cost the wire nothing extra.
+
+The results travel back around the ring as SGLang's output dict; its three per-request speculative entries
+(`spec_accept_lens`, `spec_new_seq_lens`, `spec_bonus_tokens`) are packed into one tensor for the trip and
+unpacked before SGLang reads them:
+
+    k3_csv_accept [3, B] int64: accept lens, new (committed) seq lens, bonus tokens
 """
 from __future__ import annotations
 
@@ -15,41 +23,73 @@ from collections.abc import Mapping
 
 import torch
 
-LENS_KEY = "k3_csv_verify_lens"
-DRAFTS_KEY = "k3_csv_verify_drafts"
+PLAN_KEY = "k3_csv_verify_plan"
+ACCEPT_KEY = "k3_csv_accept"
+ACCEPT_ENTRIES = ("spec_accept_lens", "spec_new_seq_lens", "spec_bonus_tokens")
 
 
 def plan_to_wire(lens: list[int], drafts: list[list[int]], gamma: int) -> dict[str, torch.Tensor]:
-    """(verify_lens [B], drafts [B] lists of at least lens[b] - 1 tokens) -> the two wire tensors."""
+    """(verify_lens [B], drafts [B] lists of at least lens[b] - 1 tokens) -> {PLAN_KEY: [B, 1 + gamma]}."""
     if len(lens) != len(drafts):
         raise ValueError(f"verify plan: {len(lens)} lengths for {len(drafts)} draft rows")
     if gamma < 1:
         raise ValueError(f"verify plan: gamma must be >= 1, got {gamma}")
-    table = torch.zeros(len(lens), gamma, dtype=torch.int64)
+    table = torch.zeros(len(lens), 1 + gamma, dtype=torch.int64)
     for b, (n, row) in enumerate(zip(lens, drafts)):
         if not 1 <= n <= gamma + 1:
             raise ValueError(f"verify plan: request {b} verifies {n} tokens, outside 1..{gamma + 1}")
         if len(row) < n - 1:
             raise ValueError(f"verify plan: request {b} verifies {n} tokens but has {len(row)} drafts")
+        table[b, 0] = n
         if n > 1:
-            table[b, : n - 1] = torch.tensor(row[: n - 1], dtype=torch.int64)
-    return {LENS_KEY: torch.tensor(lens, dtype=torch.int64), DRAFTS_KEY: table}
+            table[b, 1:n] = torch.tensor(row[: n - 1], dtype=torch.int64)
+    return {PLAN_KEY: table}
+
+
+def plain_plan(batch_size: int) -> tuple[list[int], list[list[int]]]:
+    """The plan of a round that carries none: every request decodes its root only."""
+    return [1] * batch_size, [[] for _ in range(batch_size)]
 
 
 def plan_from_wire(tensors: Mapping, batch_size: int) -> tuple[list[int], list[list[int]]] | None:
     """The plan a previous stage sent (None when the dict carries none) for a batch of batch_size requests.
 
     Raises ValueError when it was planned for another batch size or is malformed (stages out of step)."""
-    if LENS_KEY not in tensors and DRAFTS_KEY not in tensors:
+    if PLAN_KEY not in tensors:
         return None
-    if LENS_KEY not in tensors or DRAFTS_KEY not in tensors:
-        raise ValueError(f"verify plan on the pipeline wire needs both {LENS_KEY} and {DRAFTS_KEY}")
-    lens_t, table = tensors[LENS_KEY], tensors[DRAFTS_KEY]
-    if lens_t.dim() != 1 or lens_t.shape[0] != batch_size or table.dim() != 2 or table.shape[0] != batch_size:
-        raise ValueError(f"verify plan for {tuple(lens_t.shape)} / {tuple(table.shape)} requests, this stage runs "
-                         f"{batch_size} (pipeline stages out of step)")
-    lens = [int(n) for n in lens_t.tolist()]
-    if min(lens, default=1) < 1 or max(lens, default=1) > table.shape[1] + 1:
-        raise ValueError(f"verify plan lengths {lens} outside 1..{table.shape[1] + 1}")
+    table = tensors[PLAN_KEY]
+    if table.dim() != 2 or table.shape[0] != batch_size or table.shape[1] < 2:
+        raise ValueError(f"verify plan of shape {tuple(table.shape)}, this stage runs {batch_size} requests "
+                         "(pipeline stages out of step)")
     rows = table.tolist()
-    return lens, [[int(t) for t in row[: n - 1]] for row, n in zip(rows, lens)]
+    lens = [int(row[0]) for row in rows]
+    if min(lens, default=1) < 1 or max(lens, default=1) > table.shape[1]:
+        raise ValueError(f"verify plan lengths {lens} outside 1..{table.shape[1]}")
+    return lens, [[int(t) for t in row[1:n]] for row, n in zip(rows, lens)]
+
+
+def pack_accept(tensors: dict) -> dict:
+    """SGLang's output dict -> the same dict with its three speculative entries ([B] each) as one ACCEPT_KEY
+    [3, B] int64 (a dict without them is returned unchanged)."""
+    if not all(k in tensors for k in ACCEPT_ENTRIES):
+        return tensors
+    rows = [tensors[k].reshape(-1).to(torch.int64) for k in ACCEPT_ENTRIES]
+    if len({r.shape[0] for r in rows}) != 1:
+        raise ValueError(f"speculative results of different lengths: {[r.shape[0] for r in rows]}")
+    packed = {k: v for k, v in tensors.items() if k not in ACCEPT_ENTRIES}
+    packed[ACCEPT_KEY] = torch.stack(rows).contiguous()
+    return packed
+
+
+def unpack_accept(tensors: Mapping, seq_lens_dtype: torch.dtype) -> dict | None:
+    """The dict SGLang reads (accept lens int32 as its workers return them, seq lens in the batch's dtype, bonus
+    tokens int64) from a packed one, or None when it carries no ACCEPT_KEY."""
+    if ACCEPT_KEY not in tensors:
+        return None
+    packed = tensors[ACCEPT_KEY]
+    if packed.dim() != 2 or packed.shape[0] != 3:
+        raise ValueError(f"{ACCEPT_KEY} must be [3, B], got {tuple(packed.shape)}")
+    out = {k: v for k, v in tensors.items() if k != ACCEPT_KEY}
+    out.update(spec_accept_lens=packed[0].to(torch.int32), spec_new_seq_lens=packed[1].to(seq_lens_dtype),
+               spec_bonus_tokens=packed[2].clone())
+    return out

@@ -25,7 +25,7 @@ from k3_sglang.spec.accept import accept_greedy
 from k3_sglang.spec.batch_prep import to_plain_decode, to_verify
 from k3_sglang.spec.info import draft_state, one_token_draft_state
 from k3_sglang.spec.policy import StepPolicy
-from k3_sglang.spec.pp_plan import plan_from_wire
+from k3_sglang.spec.pp_plan import plain_plan, plan_from_wire
 from k3_sglang.spec.settings import spec_settings
 from k3_sglang.spec.step_record import StepRecorder
 
@@ -91,12 +91,10 @@ class K3SpecWorker(BaseSpecWorker):
             speculative_num_draft_tokens=self.width)
 
     def _round_plan(self, batch, pp_proxy_tensors) -> tuple[list[int], list[list[int]]]:
-        """This round's verify lengths and drafts: planned here, or (a later pipeline stage) as the first stage
-        planned them (spec/pp_plan.py)."""
+        """This round's verify lengths and drafts: planned here, or (the last pipeline stage) as the first stage
+        planned them (spec/pp_plan.py: no plan with the proxy = a plain decode round)."""
         if pp_proxy_tensors is not None:
-            plan = plan_from_wire(pp_proxy_tensors.tensors, len(batch.reqs))
-            if plan is not None:
-                return plan
+            return plan_from_wire(pp_proxy_tensors.tensors, len(batch.reqs)) or plain_plan(len(batch.reqs))
         return self.policy.plan(batch, self.width, self.context_len, self.tp_group)
 
     def _decode_round(self, batch, on_publish, pp_proxy_tensors=None) -> GenerationBatchResult:

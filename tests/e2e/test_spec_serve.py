@@ -205,8 +205,10 @@ def test_pp2_verify_lossless(tiny_dir, oracle, references, server, tmp_path_fact
 
 
 @pytest.mark.slow
-def test_tp2_pp2_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory):
-    """TP2 x PP2: stage 0's TP ranks take TP rank 0's plan; the plan crosses the stage boundary split over the TP
-    ranks (SGLang's tensor-dict send) and is whole again on stage 1."""
-    _pp_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory.mktemp("spec-tp2-pp2"),
-                        ["--tp-size", "2", "--pp-size", "2"])
+@pytest.mark.parametrize("flags", [["--tp-size", "2", "--pp-size", "2"], ["--pp-size", "4"]], ids=["tp2-pp2", "pp4"])
+def test_wider_pipelines_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory, flags):
+    """TP2 x PP2: stage 0's TP ranks take TP rank 0's plan, and the plan crosses the stage boundary split over the
+    TP ranks (SGLang's tensor-dict send) and whole again on stage 1. PP4: two middle stages run the plan they
+    received and pass it on; four microbatches are in flight."""
+    _pp_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory.mktemp("spec-" + "-".join(flags)),
+                        flags)

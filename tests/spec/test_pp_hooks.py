@@ -18,7 +18,10 @@ EAGLE = types.SimpleNamespace(name="EAGLE")
 # the parameters each hook reads by position (after the original), as SGLang 0.5.23 names them
 EXPECTED_PARAMS = {
     pp_hooks.COMPAT_TARGET: ["cfg"],
+    pp_hooks.ORDER_TARGET: ["cur_batch", "spec_relay", "is_last_rank", "async_batch_depth"],
     pp_hooks.LAUNCH_TARGET: ["self", "mb_id", "cur_batch", "pp_proxy_tensors"],
+    pp_hooks.PACK_TARGET: ["self", "result", "batch"],
+    pp_hooks.UNPACK_TARGET: ["self", "batch", "mb_metadata", "pp_outputs"],
     pp_hooks.REBUILD_TARGET: ["self", "batch"],
     pp_hooks.PREPARE_TARGET: ["verify_input", "req_to_token_pool", "batch", "target_worker"],
     pp_hooks.COMMIT_TARGET: ["self", "batch", "fwd_batch", "fwd_rids", "live_rids", "verify_out_cache_loc",
@@ -55,8 +58,10 @@ def test_every_hook_delegates_other_algorithms_to_sglang():
     cfg = types.SimpleNamespace(speculative_algorithm="EAGLE")
     cases = [
         (pp_hooks.check_pipeline_compat, (cfg,)),
+        (pp_hooks.exchange_outputs_first, (batch, True, False, 0)),
         (pp_hooks.launch_batch, (sched, 0, batch, None, [], "queue")),
         (pp_hooks.rebuild_verify_input, (sched, batch)),
+        (pp_hooks.unpack_results, (sched, batch, None, types.SimpleNamespace(tensors={"k3_csv_accept": 1}))),
         (pp_hooks.prepare_for_verify, ("verify", "pool", batch, "worker")),
         (pp_hooks.commit_relayed_accept, (sched, batch, batch, ["a"], ["a"], None, {"spec_accept_lens": 1})),
     ]
@@ -96,6 +101,40 @@ def test_k3_csv_pipeline_conditions(monkeypatch, env, overrides, message):
     assert calls == []  # SGLang's EAGLE-only rule is not consulted for K3_CSV
 
 
+def test_results_travel_packed_and_sglang_reads_them_unpacked():
+    from sglang.srt.model_executor.forward_batch_info import PPProxyTensors
+
+    sched = types.SimpleNamespace(spec_algorithm=K3)
+    sent = {"next_token_ids": torch.arange(8), "spec_accept_lens": torch.tensor([3, 1], dtype=torch.int32),
+            "spec_new_seq_lens": torch.tensor([40, 9]), "spec_bonus_tokens": torch.tensor([5, 6])}
+    packed = pp_hooks.pack_results(lambda *a: dict(sent), sched, "result", "batch")
+    assert set(packed) == {"next_token_ids", "k3_csv_accept"}
+    assert pp_hooks.pack_results(lambda *a: dict(sent), types.SimpleNamespace(spec_algorithm=EAGLE), "r", "b") == sent
+    wire = PPProxyTensors({**packed, "__msg_type__": "output"})
+    seen = []
+    live = types.SimpleNamespace(seq_lens=torch.tensor([37, 8]))
+    pp_hooks.unpack_results(lambda s, b, m, out: seen.append(out), sched, live, "md", wire)
+    got = seen[0].tensors
+    for key, value in sent.items():
+        assert torch.equal(got[key], value) and got[key].dtype == value.dtype, key
+    assert set(wire.tensors) == {"next_token_ids", "k3_csv_accept", "__msg_type__"}  # forwarded as received
+
+
+def test_k3_csv_rounds_keep_the_plain_pipeline_order():
+    """SGLang's relay exchanges results before launching a decode round on an earlier stage (EAGLE needs it); a
+    K3_CSV round launches first, as a pipeline without speculation does, unless async batch depth asks otherwise."""
+    original = inspect.unwrap(pkgutil.resolve_name(pp_hooks.ORDER_TARGET))
+    decode = types.SimpleNamespace(spec_algorithm=K3, forward_mode=types.SimpleNamespace(is_extend=lambda: False),
+                                   is_extend_in_batch=False)
+    eagle = types.SimpleNamespace(**{**vars(decode), "spec_algorithm": EAGLE})
+    kw = dict(spec_relay=True, is_last_rank=False, async_batch_depth=0)
+    assert original(cur_batch=eagle, **kw) is True  # SGLang's own rule, still applied to EAGLE
+    assert pp_hooks.exchange_outputs_first(original, cur_batch=eagle, **kw) is True
+    assert pp_hooks.exchange_outputs_first(original, cur_batch=decode, **kw) is False
+    assert pp_hooks.exchange_outputs_first(original, cur_batch=decode, **{**kw, "async_batch_depth": 1}) is True
+    assert pp_hooks.exchange_outputs_first(original, cur_batch=None, **kw) is False
+
+
 def test_launch_sends_the_plan_with_the_proxy_and_drops_a_stale_record():
     sched = types.SimpleNamespace(spec_algorithm=K3)
     pp_hooks._STATE.pending[1] = pp_hooks._Pending(("old",), [], [2], object())
@@ -111,6 +150,13 @@ def test_launch_sends_the_plan_with_the_proxy_and_drops_a_stale_record():
     result, event = pp_hooks.launch_batch(original, sched, 1, "batch", "received", [], "queue")
     assert event == "event" and pp_hooks._STATE.launch is None and 1 not in pp_hooks._STATE.pending
     assert set(proxy.tensors) == {"hidden_states", *plan}
+
+    def plain(scheduler, mb_id, cur_batch, pp_proxy_tensors, *rest):  # a plain-decode round leaves no plan
+        return types.SimpleNamespace(pp_hidden_states_proxy_tensors=proxy), "event"
+
+    proxy.tensors = {"hidden_states": torch.zeros(4, 2)}
+    pp_hooks.launch_batch(plain, sched, 0, "batch", "received", [], "queue")
+    assert set(proxy.tensors) == {"hidden_states"}
 
 
 class _Model:

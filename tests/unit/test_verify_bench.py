@@ -159,6 +159,7 @@ def test_profile_read_records_from_a_mark(tmp_path):
     (["bench", "verify", "--cost-table", "/nonexistent/cost.json", "--out", "-"], "run `k3 bench profile-verify`"),
     (["bench", "verify", "--concurrency", "128", "--out", "-"], "--concurrency values must be distinct"),
     (["bench", "verify", "--repeats", "0", "--out", "-"], "--repeats and --min-requests must be >= 1"),
+    (["bench", "verify", "--pp-size", "5", "--out", "-"], "--pp-size must be in 1..4"),
     (["bench", "profile-verify", "--lengths", "1", "16", "--out", "-"], "--lengths must be in 1..--width"),
     (["bench", "profile-verify", "--lengths", "2", "4", "--out", "-"], "--lengths needs 1"),
     (["bench", "profile-verify", "--batches", "4", "--out", "-"], "--batches must be at least two"),
@@ -194,3 +195,7 @@ def test_write_report_renders_tables_goals_identity_and_plot(tmp_path):
     assert (tmp_path / "bench-verify.png").stat().st_size > 1000
     assert "Run 2026-12-03 17:00 UTC" in text and "OUTPUT MISMATCH" in text and "## w" in text
     assert "C/B = 1.750, **met**" in text and "![tokens/s vs concurrency](bench-verify.png)" in text
+    assert "--pp-size" not in text
+    args.pp_size, args.out = 2, str(tmp_path / "bench-verify-pp2.md")
+    piped = vr.write_report(args, started, (0.5, 0.5, 0.5), cells, outputs, [1, 16, 64], {1: 4, 16: 1, 64: 1}, tmp_path)
+    assert "--pp-size 2\n```" in piped and "`--pp-size 2` (every arm a pipeline)" in piped
