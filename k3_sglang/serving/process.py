@@ -13,11 +13,14 @@ from pathlib import Path
 
 from k3_sglang.net import free_port
 
+BIND_ERROR = "error while attempting to bind on address"
+
 
 class K3ServerProcess:
     """A `k3 serve` child on 127.0.0.1; `start()` waits for /health, `stop()` signals and reaps it."""
 
     def __init__(self, args: list[str], log_path: Path, port: int | None = None, env: dict[str, str] | None = None):
+        self._own_port = port is None  # a port we picked may be taken by another process before the server binds
         self.port = port or free_port()
         self.args = args
         self.log_path = log_path
@@ -28,8 +31,11 @@ class K3ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 300.0) -> "K3ServerProcess":
-        command = [sys.executable, "-m", "k3_sglang.cli", "serve", "--port", str(self.port), *self.args]
+    def start(self, timeout_s: float = 300.0, bind_retries: int = 2) -> "K3ServerProcess":
+        """Start and wait for /health. A server whose HTTP port was taken between our pick and its bind (it logs
+        the bind error and never turns healthy) is stopped and, on a port we picked, started again on a fresh one
+        up to bind_retries times."""
+        command = self.command()
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
@@ -39,9 +45,19 @@ class K3ServerProcess:
                 raise RuntimeError(f"k3 serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             if self.healthy():
                 return self
+            tail = self.log_tail()
+            if BIND_ERROR in tail and f"'127.0.0.1', {self.port})" in tail:
+                self.stop()
+                if not self._own_port or bind_retries < 1:
+                    raise RuntimeError(f"k3 serve could not bind port {self.port}:\n{self.log_tail()}")
+                self.port = free_port()
+                return self.start(max(1.0, deadline - time.monotonic()), bind_retries - 1)
             time.sleep(1.0)
         self.stop()
         raise RuntimeError(f"k3 serve not healthy within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "k3_sglang.cli", "serve", "--port", str(self.port), *self.args]
 
     def healthy(self) -> bool:
         try:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -69,7 +68,10 @@ def is_k3_csv(algorithm) -> bool:
 
 
 def pp_spec_enabled() -> bool:
-    return os.environ.get(PP_SPEC_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """SGLANG_ENABLE_PP_SPEC as SGLang itself reads it."""
+    from sglang.srt.environ import envs
+
+    return bool(envs.SGLANG_ENABLE_PP_SPEC.get())
 
 
 def pipeline_refusals(cfg) -> list[str]:

@@ -81,13 +81,17 @@ def test_sglangs_own_pipeline_check_still_refuses_other_algorithms():
 
 @pytest.mark.parametrize("env,overrides,message", [
     ("1", {}, None),
-    ("", {}, "SGLANG_ENABLE_PP_SPEC=1"),
+    (None, {}, "SGLANG_ENABLE_PP_SPEC=1"),
+    ("false", {}, "SGLANG_ENABLE_PP_SPEC=1"),
     ("1", {"disable_overlap_schedule": False}, "--disable-overlap-schedule"),
     ("1", {"disaggregation_mode": "prefill"}, "aggregated-only"),
     ("1", {"enable_dp_attention": True}, "attention DP"),
 ])
 def test_k3_csv_pipeline_conditions(monkeypatch, env, overrides, message):
-    monkeypatch.setenv(pp_hooks.PP_SPEC_ENV, env)
+    if env is None:
+        monkeypatch.delenv(pp_hooks.PP_SPEC_ENV, raising=False)
+    else:
+        monkeypatch.setenv(pp_hooks.PP_SPEC_ENV, env)
     cfg = types.SimpleNamespace(speculative_algorithm="k3_csv", disable_overlap_schedule=True,
                                 disaggregation_mode="null", enable_dp_attention=False)
     for name, value in overrides.items():
