@@ -10,10 +10,15 @@ Settled plain decoding: once `compact` has planned plain decode steps PROBE_AFTE
 plans only every PROBE_EVERY-th step and decodes the steps between without asking the drafter or the planner
 (their cost is paid on every step otherwise, about 1% of a CPU decode step; the drafter catches up on the skipped
 tokens at the next probe). The first verify plan ends the streak.
+
+Request sets: a server plans one running batch (group 0); a pipeline's first stage plans each microbatch, which
+holds other requests, as its own group (spec/pp_hooks.py). Hysteresis, the plain-decoding streak and the departed
+requests are tracked per group; the drafter and its calibration are shared.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,16 +52,26 @@ def remaining_tokens(req) -> int:
     return max(1, int(left))
 
 
+@dataclass
+class GroupState:
+    """What the policy remembers of one request set (a server's running batch, or one pipeline microbatch): its
+    requests, its compact planner's verify/decode hysteresis and its settled-plain-decoding streak."""
+    running: set[str] = field(default_factory=set)
+    planner: object | None = None
+    plain_streak: int = 0  # consecutive compact steps planned as plain decode
+    skipped: int = 0  # steps skipped since the last probe
+
+
 class StepPolicy:
-    """Drafter + planner for one worker; deterministic for identical inputs."""
+    """Drafter + planner for one worker (or a pipeline's first stage); deterministic for identical inputs. The
+    drafter and its calibration are shared; hysteresis and probing are per request set (GroupState), so
+    microbatches of other requests do not steer each other's mode."""
 
     def __init__(self, settings: SpecSettings, gamma: int, vocab_size: int):
         self.settings, self.gamma, self.vocab_size = settings, gamma, vocab_size
         self._drafter = None
-        self._planner = None
-        self._running: dict[int, set[str]] = {}  # batch group (pipeline microbatch) -> its request ids
-        self._plain_streak = 0  # consecutive compact steps planned as plain decode
-        self._skipped = 0  # steps skipped since the last probe
+        self._cost = None
+        self._groups: dict[int, GroupState] = {}
 
     @property
     def drafter(self):
@@ -68,15 +83,21 @@ class StepPolicy:
                                           vocab_size=self.vocab_size, lookup_window=s.lookup_window)
         return self._drafter
 
-    @property
-    def planner(self):
-        if self._planner is None:
+    def group(self, group: int = 0) -> GroupState:
+        return self._groups.setdefault(group, GroupState())
+
+    def planner(self, group: int = 0):
+        """The group's Planner (its own hysteresis) on the shared cost model."""
+        state = self.group(group)
+        if state.planner is None:
             from k3_sglang.spec.cost import AffineCost, load_cost
             from k3_sglang.spec.planner import Planner
 
-            cost = load_cost(self.settings.cost_table) if self.settings.cost_table else AffineCost(**DEFAULT_CPU_COST)
-            self._planner = Planner(cost, self.settings.verify_mode)
-        return self._planner
+            if self._cost is None:
+                s = self.settings
+                self._cost = load_cost(s.cost_table) if s.cost_table else AffineCost(**DEFAULT_CPU_COST)
+            state.planner = Planner(self._cost, self.settings.verify_mode)
+        return state.planner
 
     def release(self, rid: str) -> None:
         if self._drafter is not None:
@@ -84,16 +105,17 @@ class StepPolicy:
 
     def reset(self) -> None:
         self._drafter = None
-        self._plain_streak = self._skipped = 0
+        self._groups.clear()
 
-    def _skip_planning(self) -> bool:
+    def _skip_planning(self, group: int = 0) -> bool:
         """True on the steps a settled plain-decoding compact policy does not probe (module docstring)."""
-        if self.settings.verify_mode != "compact" or self._plain_streak < PROBE_AFTER:
+        state = self.group(group)
+        if self.settings.verify_mode != "compact" or state.plain_streak < PROBE_AFTER:
             return False
-        self._skipped += 1
-        if self._skipped < PROBE_EVERY:
+        state.skipped += 1
+        if state.skipped < PROBE_EVERY:
             return True
-        self._skipped = 0
+        state.skipped = 0
         return False
 
     def plan(self, batch, width: int, context_len: int, tp_group, group: int = 0) -> tuple[list[int], list[list[int]]]:
@@ -110,9 +132,10 @@ class StepPolicy:
         """Drop drafter state of requests that left their decode batch (finished, aborted or retracted: a retracted
         request that comes back is indexed again from its context)."""
         current = {r.rid for r in reqs}
-        for rid in self._running.get(group, set()) - current:
+        state = self.group(group)
+        for rid in state.running - current:
             self.release(rid)
-        self._running[group] = current
+        state.running = current
 
     def _plan_local(self, batch, width: int, context_len: int, group: int = 0) -> tuple[list[int], list[list[int]]]:
         reqs = batch.reqs
@@ -121,7 +144,7 @@ class StepPolicy:
         self._forget_departed(reqs, group)
         if bs == 0 or s.verify_mode == "decode" or not speculation_allowed(batch):
             return [1] * bs, [[] for _ in range(bs)]
-        if s.force_verify_len is None and self._skip_planning():
+        if s.force_verify_len is None and self._skip_planning(group):
             return [1] * bs, [[] for _ in range(bs)]
         seq = batch.seq_lens_cpu.tolist()
         hard = [max(1, min(width, remaining_tokens(r), context_len - int(n))) for r, n in zip(reqs, seq)]
@@ -136,9 +159,10 @@ class StepPolicy:
         survival = np.array(block.survival(), dtype=np.float64)
         cols = np.arange(survival.shape[1])[None, :]
         survival = np.where(cols < (caps[:, None] - 1), survival, 0.0)
-        decision = self.planner.plan(survival, caps)
+        decision = self.planner(group).plan(survival, caps)
         lens = [int(n) for n in decision.verify_lens] if decision.mode == "verify" else [1] * bs
-        self._plain_streak = 0 if max(lens) > 1 else self._plain_streak + 1
+        state = self.group(group)
+        state.plain_streak = 0 if max(lens) > 1 else state.plain_streak + 1
         drafts = [[int(t) for t in block.tokens[i, : n - 1]] for i, n in enumerate(lens)]
         return lens, drafts
 

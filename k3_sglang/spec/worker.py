@@ -2,7 +2,8 @@
 
 1. Extend rounds (prefill, chunked prefill) run the plain target forward and sample the first token.
 2. Decode rounds: the policy (spec/policy.py) asks the drafter for a chain per request with per-token confidence
-   and the planner for each request's verify length (1 = no draft); every TP rank uses rank 0's lengths.
+   and the planner for each request's verify length (1 = no draft); every TP rank uses rank 0's lengths. On the
+   last stage of a pipeline the first stage's plan arrives with the proxy instead (spec/pp_hooks.py, pp_plan.py).
 3. All lengths 1: a plain decode forward (the root at the committed position; KDA advances in place).
 4. Otherwise one TARGET_VERIFY forward over the packed chains (spec/info.py): MLA attends them as an extend over
    the committed prefix and writes their KV rows into the slots SGLang reserved; KDA runs them without touching

@@ -135,5 +135,29 @@ def test_settled_plain_decoding_probes_one_step_in_four_and_a_good_draft_ends_it
             verified_at = step
             break
     assert verified_at is not None and verified_at <= 2 * PROBE_EVERY
-    assert policy._plain_streak == 0
+    assert policy.group().plain_streak == 0
     assert policy._plan_local(_batch(reqs), width=4, context_len=100_000)[0][0] > 1  # and keeps verifying
+
+
+def test_pipeline_microbatches_keep_their_own_mode():
+    """Two request sets planned in turn (a PP2 first stage's microbatches): one with confident drafts, one whose
+    drafts are not worth a verify. Each keeps its own hysteresis, so the second never verifies and the first
+    never stops; one shared state would let the first's votes keep the second verifying."""
+    from k3_sglang.spec.drafters.base import DraftBlock
+
+    class Drafter:  # per-request confidence: rid "good" 0.99, "weak" 0.12 (a vote for decode, not an empty plan)
+        def propose(self, requests, gamma):
+            conf = np.array([[0.99 if r.rid == "good" else 0.12] * gamma for r in requests])
+            n = len(requests)
+            return DraftBlock(np.full((n, gamma), 7, dtype=np.int64), conf, np.full(n, gamma, dtype=np.int64))
+
+        def release(self, rid):
+            pass
+
+    policy = StepPolicy(SpecSettings(verify_mode="compact"), gamma=3, vocab_size=100)
+    policy._drafter = Drafter()
+    good, weak = _req("good", [1, 2, 3], [4], max_new=10_000), _req("weak", [1, 2, 3], [4], max_new=10_000)
+    for _ in range(12):
+        assert policy._plan_local(_batch([good]), 4, 100_000, group=0)[0][0] > 1
+        assert policy._plan_local(_batch([weak]), 4, 100_000, group=1)[0] == [1]
+    assert policy.group(0).running == {"good"} and policy.group(1).running == {"weak"}
