@@ -38,7 +38,6 @@ Hooks (each delegates to SGLang's original for any other algorithm; `installed_h
 """
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass, field
 
@@ -129,18 +128,16 @@ def check_pipeline_compat(original, cfg, *args, **kwargs):
     return None
 
 
-def exchange_outputs_first(original, *args, **kwargs):
-    """AROUND _pp_exchange_outputs_before_forward(cur_batch, spec_relay, is_last_rank, async_batch_depth): False
-    for a K3_CSV round (the plain PP order: launch, then receive and process the next microbatch's results).
+def exchange_outputs_first(original, cur_batch, spec_relay, is_last_rank, async_batch_depth):
+    """AROUND _pp_exchange_outputs_before_forward (same parameters, called once per loop iteration): False for a
+    K3_CSV round (the plain PP order: launch, then receive and process the next microbatch's results).
 
     That order is enough for K3_CSV: with L = pp_size microbatches in the ring, the results a stage receives after
     launching microbatch m are those of m + 1, which it launches next, so every microbatch's accept lens are
     committed and its tokens appended before its next round is planned."""
-    bound = inspect.signature(original).bind(*args, **kwargs).arguments
-    batch, depth = bound.get("cur_batch"), bound.get("async_batch_depth", 0)
-    if batch is not None and depth == 0 and is_k3_csv(batch.spec_algorithm):
+    if cur_batch is not None and async_batch_depth == 0 and is_k3_csv(cur_batch.spec_algorithm):
         return False
-    return original(*args, **kwargs)
+    return original(cur_batch, spec_relay, is_last_rank, async_batch_depth)
 
 
 def launch_batch(original, scheduler, mb_id, cur_batch, pp_proxy_tensors, *args, **kwargs):
