@@ -48,6 +48,17 @@ PORTABLE_DEFAULTS = {
     "--cuda-graph-backend-prefill": "disabled",
 }
 PORTABLE_FLAGS = ("--disable-overlap-schedule",)
+# SGLang's own K3 on the k3_cpu platform (k3_sglang/sglang_cpu): its absorbed MLA on our `k3_cpu_mla` backend, the
+# checkpoint's own quantization config (MXFP4 experts upcast by SGLang's MXFP4 method), text only, eager, and the
+# no_buffer KDA prefix cache (which needs the overlap scheduler off). serving/sglang_cpu_limits.py refuses the rest.
+SGLANG_CPU_DEFAULTS = {
+    "--attention-backend": "k3_cpu_mla",
+    "--json-model-override-args": '{"language_model_only": true}',
+    "--mamba-radix-cache-strategy": "no_buffer",
+    "--cuda-graph-backend-decode": "disabled",
+    "--cuda-graph-backend-prefill": "disabled",
+}
+SGLANG_CPU_FLAGS = ("--disable-overlap-schedule",)
 # Both models: K3's XTML reasoning and tool-call channels.
 COMMON_DEFAULTS = {"--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3"}
 COMMON_FLAGS: tuple[str, ...] = ()
@@ -140,7 +151,9 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
                 portable: bool = True) -> list[str]:
     """SGLang's command line: ours (host, port, the defaults the user did not override), then the user's flags."""
     argv = ["--model-path", str(model_path), "--host", host, "--port", str(port)]
-    defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if portable else {}), **(CPU_DEFAULTS if on_cpu else {})}
+    sglang_cpu = on_cpu and not portable
+    defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if portable else {}),
+                **(SGLANG_CPU_DEFAULTS if sglang_cpu else {}), **(CPU_DEFAULTS if on_cpu else {})}
     dcp = int(_flag_value(extra, "--dcp-size", _flag_value(extra, "--decode-context-parallel-size", "1")))
     dcp_flags: tuple[str, ...] = ()
     if portable and dcp > 1 and (_has_flag(extra, "--speculative-algorithm")
@@ -154,7 +167,8 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
     for flag, value in defaults.items():
         if not _has_flag(extra, flag):
             argv += [flag, value]
-    flags = COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (CPU_FLAGS if on_cpu else ()) + dcp_flags
+    flags = (COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (SGLANG_CPU_FLAGS if sglang_cpu else ())
+             + (CPU_FLAGS if on_cpu else ()) + dcp_flags)
     argv += [f for f in flags if not _has_flag(extra, f)]
     return argv + extra
 
@@ -219,17 +233,25 @@ def served_model(settings: ServeSettings, model_path: Path, default_tiny: bool, 
         raise CliError(str(exc)) from None
 
 
-def check_portable(argv: list[str]) -> None:
-    """Raise CliError (exit 2) listing every reason the portable model cannot serve this command line."""
+def check_served(argv: list[str], portable: bool) -> None:
+    """Raise CliError (exit 2) listing every reason the chosen model cannot serve this command line here (the
+    portable model anywhere, SGLang's K3 on the k3_cpu platform)."""
     from k3_sglang.cli import CliError
+    from k3_sglang.serving import sglang_cpu_limits
     from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals, refusal_message
 
     try:
-        reasons = portable_refusals(parse_sglang_argv(argv))
+        args = parse_sglang_argv(argv)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    if portable:
+        reasons = portable_refusals(args)
+        if reasons:
+            raise CliError(refusal_message(reasons))
+        return
+    reasons = sglang_cpu_limits.refusals(args)
     if reasons:
-        raise CliError(refusal_message(reasons))
+        raise CliError(sglang_cpu_limits.refusal_message(reasons))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -256,8 +278,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(missing)
     if on_cpu:
         argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
-    if model.portable:
-        check_portable(argv)
+    if model.portable or on_cpu:
+        check_served(argv, model.portable)
     env = serving_env(args.extra_args, on_cpu, model.portable)
     if on_cpu:
         env = pd_cpu_env(args.extra_args, args.host, env)

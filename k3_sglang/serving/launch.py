@@ -2,8 +2,8 @@
 
 Run as `python -m k3_sglang.serving.launch <sglang args>` with the environment `k3 serve` composed
 (SGLANG_EXTERNAL_MODEL_PACKAGE for the portable model, SGLANG_PLATFORM=k3_cpu on CPU). When the portable
-model is registered, the parsed ServerArgs (a `--config` file included) are checked again before any
-server starts: exit code 2 and the reasons, as `k3 serve` gives them.
+model is registered, or SGLang's own K3 runs on the k3_cpu platform, the parsed ServerArgs (a `--config` file
+included) are checked again before any server starts: exit code 2 and the reasons, as `k3 serve` gives them.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import sys
 
+from k3_sglang.platform import PLATFORM_NAME
 from k3_sglang.serving.guards import RequestGuard
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
+from k3_sglang.serving import sglang_cpu_limits
 from k3_sglang.serving.portable_limits import portable_refusals, refusal_message
 from k3_sglang.serving.settings import ServeSettings
 
@@ -36,11 +38,16 @@ def main(argv: list[str]) -> None:
     settings = ServeSettings.from_env()
     load_plugins()
     server_args = prepare_server_args(argv)
+    message = None
     if os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
         reasons = portable_refusals(server_args)
-        if reasons:
-            print(f"k3 serve: error: {refusal_message(reasons)}", file=sys.stderr, flush=True)
-            sys.exit(2)
+        message = refusal_message(reasons) if reasons else None
+    elif os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME:
+        reasons = sglang_cpu_limits.refusals(server_args)
+        message = sglang_cpu_limits.refusal_message(reasons) if reasons else None
+    if message:
+        print(f"k3 serve: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
     http_server.app.add_middleware(RequestGuard, max_n=settings.max_n)
     original = http_server.launch_server
 

@@ -18,7 +18,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from k3_sglang.model.mla_attention import mla_attention
 from k3_sglang.parallel.tp import Shard
 
-BACKEND_NAME = "k3_cpu_mla"
+from k3_sglang.sglang_cpu import MLA_BACKEND_NAME as BACKEND_NAME, add_backend_choice
 
 
 def _dcp_shard() -> tuple[Shard, str]:
@@ -81,11 +81,9 @@ def forward_method(attn, forward_batch):
 
 def register() -> None:
     """Register the backend name, its factory and its forward-method handler with SGLang."""
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
     from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry
 
-    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([BACKEND_NAME])
+    add_backend_choice()
     ATTENTION_BACKENDS[BACKEND_NAME] = create_backend
     AttentionBackendRegistry.register(BACKEND_NAME, forward_method)
