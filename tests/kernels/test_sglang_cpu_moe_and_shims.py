@@ -46,10 +46,11 @@ def _reference(x, w13, w2, weights, ids, config, b13=None, b2=None):
     return s * config.routed_scaling_factor if config.routed_scaling_factor is not None else s
 
 
+@pytest.mark.parametrize("budget", [0, moe_runner.DENSE_BUDGET], ids=["grouped", "dense"])
 @pytest.mark.parametrize("kw", [dict(), dict(activation="silu", gemm1_alpha=None, gemm1_clamp_limit=None),
                                 dict(no_combine=True), dict(routed_scaling_factor=2.5)],
                          ids=["situ", "silu", "no-combine", "scaled"])
-def test_grouped_experts_match_the_dense_reference(kw):
+def test_grouped_experts_match_the_dense_reference(kw, budget):
     config = _config(**kw)
     x, w13, w2 = torch.randn(T, D), torch.randn(E, 2 * I, D) / D ** 0.5, torch.randn(E, D, I) / I ** 0.5
     weights = torch.rand(T, TOPK)
@@ -57,7 +58,8 @@ def test_grouped_experts_match_the_dense_reference(kw):
     ids[2, 1] = -1  # another rank's expert (EP): skipped
     ids[4, 0] = E + 3
     b13, b2 = torch.randn(E, 2 * I), torch.randn(E, D)
-    got = moe_runner.grouped_experts(x, w13, w2, weights, ids, config, b13, b2)
+    ids[6] = ids[6, 0]  # a token that picks one expert twice
+    got = moe_runner.grouped_experts(x, w13, w2, weights, ids, config, b13, b2, dense_budget=budget)
     assert_close("grouped experts", _reference(x, w13, w2, weights, ids, config, b13, b2), got, FP32_VS_FP64)
 
 
