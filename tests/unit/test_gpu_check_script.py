@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from k3_sglang.bench.kernels import Row
+from k3_sglang.tooling.bench.kernels import Row
 
 REPO = Path(__file__).resolve().parents[2]
 STUB = """#!/usr/bin/env bash

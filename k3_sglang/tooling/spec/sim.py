@@ -14,7 +14,7 @@ Cost shapes: `gpu_staircase()` (flat until a token knee, then proportional to th
 roofline of a memory-bound MoE decode step, documented in docs/bench-verify-sim.md) and `cpu_affine()`
 (13 ms + 0.87 ms/token, the 2-core tiny-K3 decode step of docs/bench-serve.md).
 
-`python -m k3_sglang.spec.sim --out docs/bench-verify-sim.md` writes the table and a plot next to it.
+`python -m k3_sglang.tooling.spec.sim --out docs/bench-verify-sim.md` writes the table and a plot next to it.
 """
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def ratio_row(case: SimCase) -> dict[str, float]:
             "sched/max": c / max(a, b), "e2e sched/max": e2e[2] / max(e2e[0], e2e[1])}
 
 
-# ---- report (python -m k3_sglang.spec.sim) ----------------------------------------------------------------
+# ---- report (python -m k3_sglang.tooling.spec.sim) ----------------------------------------------------------------
 
 SLOTS = (1, 4, 16, 64, 256)
 
@@ -368,7 +368,7 @@ def report(cases: list[SimCase], profiles: dict[str, Profile], wall_s: float, se
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: write the markdown report (and a PNG next to it) or print it with `--out -`."""
-    ap = argparse.ArgumentParser(prog="python -m k3_sglang.spec.sim", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m k3_sglang.tooling.spec.sim", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="markdown path, or - to print")
     ap.add_argument("--plot", default=None, help="PNG path (default: --out with .png; none with --out -)")
     ap.add_argument("--seed", type=int, default=0)
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     sensitivity = [run_case(f"gpu-staircase-knee-{k}", gpu_staircase(knee_tokens=k), profiles[p], top,
                             args.seed, **kw) for k in (512, 1024, 2048) for p in ("chat", "mix")]
     wall = time.perf_counter() - start
-    command = "python -m k3_sglang.spec.sim " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m k3_sglang.tooling.spec.sim " + " ".join(argv if argv is not None else sys.argv[1:])
     text = report(cases, profiles, wall, args.seed, command.strip(), plot.name if plot else None, sensitivity,
                   args.waves, args.min_requests)
     if plot:

@@ -9,15 +9,15 @@ import argparse
 import importlib
 
 BENCH_TARGETS: dict[str, tuple[str, str]] = {
-    "serve": ("k3_sglang.bench.serve", "cold start, batch-1 decode and 32-way throughput of `k3 serve`"),
-    "long-context": ("k3_sglang.bench.long_context", "prefill time and decode rate of `k3 serve` at 4K-100K tokens"),
-    "dcp": ("k3_sglang.bench.dcp", "decode step time and KV read per rank, TP2 with DCP2 vs without, 4K-64K"),
-    "pp-prefill": ("k3_sglang.bench.pp_prefill", "16K-token chunked pipeline prefill: PP2 vs PP1 on one and two cores"),
-    "kda-prefill": ("k3_sglang.bench.kda_prefill", "chunked torch KDA vs the per-token recurrence on CPU"),
-    "kernels": ("k3_sglang.bench.kernels", "Triton kernels vs references at K3-full shapes (CUDA only)"),
-    "router": ("k3_sglang.bench.router", "router placement latency, memory and proxy overhead"),
-    "verify": ("k3_sglang.bench.verify", "no-spec vs verify-all vs confidence-scheduled K3_CSV, concurrency 1-64"),
-    "profile-verify": ("k3_sglang.bench.profile_verify", "K3_CSV verify/decode step cost -> docs/verify-cost-cpu.json"),
+    "serve": ("k3_sglang.tooling.bench.serve", "cold start, batch-1 decode and 32-way throughput of `k3 serve`"),
+    "long-context": ("k3_sglang.tooling.bench.long_context", "prefill time and decode rate of `k3 serve` at 4K-100K tokens"),
+    "dcp": ("k3_sglang.tooling.bench.dcp", "decode step time and KV read per rank, TP2 with DCP2 vs without, 4K-64K"),
+    "pp-prefill": ("k3_sglang.tooling.bench.pp_prefill", "16K-token chunked pipeline prefill: PP2 vs PP1 on one and two cores"),
+    "kda-prefill": ("k3_sglang.tooling.bench.kda_prefill", "chunked torch KDA vs the per-token recurrence on CPU"),
+    "kernels": ("k3_sglang.tooling.bench.kernels", "Triton kernels vs references at K3-full shapes (CUDA only)"),
+    "router": ("k3_sglang.tooling.bench.router", "router placement latency, memory and proxy overhead"),
+    "verify": ("k3_sglang.tooling.bench.verify", "no-spec vs verify-all vs confidence-scheduled K3_CSV, concurrency 1-64"),
+    "profile-verify": ("k3_sglang.tooling.bench.profile_verify", "K3_CSV verify/decode step cost -> docs/verify-cost-cpu.json"),
 }
 
 

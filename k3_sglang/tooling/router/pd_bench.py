@@ -1,6 +1,6 @@
 """TTFT and TPOT of PD disaggregation vs one aggregated server, side by side in one run (loopback, CPU).
 
-    python -m k3_sglang.router.pd_bench [--lengths 2048 16384] [--concurrency 1 8] [--new-tokens 32]
+    python -m k3_sglang.tooling.router.pd_bench [--lengths 2048 16384] [--concurrency 1 8] [--new-tokens 32]
                                         [--repeats 2] [--json OUT.json]
 
 Starts three `k3 serve` processes with the same flags (an aggregated one, a `--disaggregation-mode prefill`
@@ -194,7 +194,7 @@ def markdown(cells: list[Cell]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m k3_sglang.router.pd_bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m k3_sglang.tooling.router.pd_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 16384])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--new-tokens", type=int, default=32)

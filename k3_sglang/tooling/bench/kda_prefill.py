@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "bench-kda-prefill.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "bench-kda-prefill.md"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

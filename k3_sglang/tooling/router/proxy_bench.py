@@ -32,7 +32,7 @@ import aiohttp
 import orjson
 
 from k3_sglang.net import free_port
-from k3_sglang.router.replay import percentile
+from k3_sglang.tooling.router.replay import percentile
 
 BODY = orjson.dumps({"model": "mock-k3", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 8})
 STREAM_BODY = orjson.dumps({"model": "mock-k3", "messages": [{"role": "user", "content": "ping"}], "max_tokens": 8,
@@ -214,7 +214,7 @@ def run_proxy_bench(c1_iterations: int, per_task: int, rounds: int, smg: str | N
         config = os.path.join(workdir, "k3-1w.yaml")
         Path(config).write_text(f"workers:\n  - url: {urls['direct']}\n    state_slots: 64\n")
         try:
-            procs["direct"] = _start([sys.executable, "-m", "k3_sglang.router.mock_worker", "--port",
+            procs["direct"] = _start([sys.executable, "-m", "k3_sglang.tooling.router.mock_worker", "--port",
                                       str(ports["direct"]), "--name", "w0"], log)
             asyncio.run(_wait_ready(urls["direct"]))
             procs["k3"] = _start([sys.executable, "-m", "k3_sglang.cli", "router", "--config", config, "--port",

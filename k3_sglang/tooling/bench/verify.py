@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from k3_sglang.bench.verify_report import ARMS, CellRun, RequestResult, StepTotals
+from k3_sglang.tooling.bench.verify_report import ARMS, CellRun, RequestResult, StepTotals
 
 DOC = Path("docs/bench-verify.md")
 COST = Path("docs/verify-cost-cpu.json")
@@ -78,7 +78,7 @@ def requests_per_worker(concurrency: list[int], min_requests: int) -> dict[int, 
 
 def stream_one(http: httpx.Client, url: str, key: str, ids: list[int], new_tokens: int) -> RequestResult:
     """One streamed greedy /generate by input_ids; RuntimeError on a non-200 answer or an empty stream."""
-    from k3_sglang.bench.streaming import stream_chunks
+    from k3_sglang.tooling.bench.streaming import stream_chunks
 
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
     ttft, decode_s, chunks = stream_chunks(url, body, http=http)
@@ -93,7 +93,7 @@ def stream_one(http: httpx.Client, url: str, key: str, ids: list[int], new_token
 def run_cell(url: str, keyed: list[tuple[str, list[int]]], concurrency: int, new_tokens: int) -> tuple[float, list]:
     """c closed-loop workers over the keyed prompts (worker w takes every c-th), released together by a barrier,
     sharing one connection pool: (wall seconds from the release, results)."""
-    from k3_sglang.bench.profile_verify import client
+    from k3_sglang.tooling.bench.profile_verify import client
 
     gate = threading.Barrier(concurrency + 1)
     with client(concurrency) as http:
@@ -111,7 +111,7 @@ def run_cell(url: str, keyed: list[tuple[str, list[int]]], concurrency: int, new
 
 
 def _post_all(url: str, prompts: list[list[int]], new_tokens: int, parallel: int = 64) -> list[list[int]]:
-    from k3_sglang.bench.profile_verify import client
+    from k3_sglang.tooling.bench.profile_verify import client
 
     with client(parallel) as http:
         def one(ids):
@@ -185,10 +185,10 @@ def _spec_env(mode: str, drafter: str, record: Path, args, oracle: Path | None) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from k3_sglang.bench.verify_report import summarize_cell
+    from k3_sglang.tooling.bench.verify_report import summarize_cell
     from k3_sglang.serving.process import K3ServerProcess
 
-    from k3_sglang.bench.profile_verify import stop_servers_on_signals
+    from k3_sglang.tooling.bench.profile_verify import stop_servers_on_signals
 
     check_args(args)
     stop_servers_on_signals()
@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
             s.stop()
     (work / "outputs.json").write_text(json.dumps({k: {a: list(v) for a, v in d.items()} for k, d in outputs.items()}))
     cells = {k: summarize_cell(v) for k, v in runs.items()}
-    from k3_sglang.bench.verify_report import write_report
+    from k3_sglang.tooling.bench.verify_report import write_report
 
     text = write_report(args, started, load_before, cells, outputs, conc, per_worker, work)
     print(text)

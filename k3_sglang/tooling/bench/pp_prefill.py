@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"PP2 vs {base}: {ratio:.2f}x (goal {'>=' if goal > 1 else '>'} {goal}x: "
                       f"{'met' if (ratio >= goal if goal > 1 else ratio > goal) else 'NOT met'})")
     if str(args.out) != "-":
-        from k3_sglang.bench.pp_prefill_report import write_report
+        from k3_sglang.tooling.bench.pp_prefill_report import write_report
 
         write_report(args, started, load_start, os.getloadavg(), configs, runs, notes)
         print(f"wrote {args.out}")

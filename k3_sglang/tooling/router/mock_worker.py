@@ -15,7 +15,7 @@ a prefill mock needs `bootstrap_host/port/room`, computes for `transfer_delay_s`
 the room under its bootstrap address; a decode mock waits until a prefill published the room at
 the address it was given (or its client goes away, counted in `pd_cancelled`, or
 `bootstrap_timeout_s` passes: 500), then answers with words naming the prefill that fed it.
-Run standalone: `python -m k3_sglang.router.mock_worker --port 31000 --name w0`.
+Run standalone: `python -m k3_sglang.tooling.router.mock_worker --port 31000 --name w0`.
 """
 
 from __future__ import annotations

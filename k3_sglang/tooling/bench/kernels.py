@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print("k3 bench kernels: needs a CUDA GPU and none is visible; nothing was run. "
               "(CPU checks: `pytest tests/kernels`, CPU timing: `k3 bench kda-prefill`.)", file=sys.stderr)
         return 2
-    from k3_sglang.kernels import bench_cases as cases
+    from k3_sglang.tooling.bench import kernel_cases as cases
 
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_cases(args: argparse.Namespace, bw: float, tflops: float) -> list[Row]:
     """Check and time every selected case, printing one table row each."""
-    from k3_sglang.kernels import bench_cases as cases
+    from k3_sglang.tooling.bench import kernel_cases as cases
 
     rows: list[Row] = []
     groups = args.only or ["kda", "verify", "prefill", "mla", "merge", "attn_res", "mxfp4", "moe"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from k3_sglang.bench.streaming import stream_generate
+from k3_sglang.tooling.bench.streaming import stream_generate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

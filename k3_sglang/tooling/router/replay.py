@@ -11,9 +11,9 @@ import os
 import re
 from collections.abc import Sequence
 
-from k3_sglang.router.baselines import BASELINES
+from k3_sglang.tooling.router.baselines import BASELINES
 from k3_sglang.router.config import PolicyConfig
-from k3_sglang.router.replay_sim import FleetSpec, ReplayResult, SessionPolicy, TraceRequest, label_sessions, simulate
+from k3_sglang.tooling.router.replay_sim import FleetSpec, ReplayResult, SessionPolicy, TraceRequest, label_sessions, simulate
 
 TTFT_SLO_S = 30.0  # Mooncake FAST'25 TTFT SLO
 POLICY_NAMES = ("k3_session", *BASELINES)

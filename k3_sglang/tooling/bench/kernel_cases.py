@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from k3_sglang.bench.kernels import BANK, HIDDEN, MLA_HEADS, MLA_LAT, MLA_V, H, K, V, W, median_ms, n_sets
+from k3_sglang.tooling.bench.kernels import BANK, HIDDEN, MLA_HEADS, MLA_LAT, MLA_V, H, K, V, W, median_ms, n_sets
 from k3_sglang.kernels import dispatch
 from k3_sglang.kernels.kda.decode_common import KDAWeights
 from k3_sglang.kernels.mla.decode import default_num_splits, mla_decode_absorbed_triton

@@ -6,8 +6,8 @@ import datetime
 import statistics
 from pathlib import Path
 
-from k3_sglang.bench.pp_prefill import GOAL_VS_ONE_CORE, PRESET, BenchConfig, Run, ServerNotes
-from k3_sglang.bench.serve import _machine
+from k3_sglang.tooling.bench.pp_prefill import GOAL_VS_ONE_CORE, PRESET, BenchConfig, Run, ServerNotes
+from k3_sglang.tooling.bench.serve import _machine
 
 
 def _median(values: list[float]) -> float:

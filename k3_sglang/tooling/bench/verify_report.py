@@ -241,7 +241,7 @@ def write_report(args, started, load_before, cells, outputs, concurrency, per_wo
     import os
     from pathlib import Path
 
-    from k3_sglang.bench.profile_verify import machine
+    from k3_sglang.tooling.bench.profile_verify import machine
 
     load = os.getloadavg()
     workloads = [w for w in args.workloads if all((w, c, "A") in cells for c in concurrency)]

@@ -118,7 +118,7 @@ def _batch(url: str, prompts: list[list[int]], new_tokens: int) -> None:
 
 def fit(points: list[ProfilePoint]):
     """(AffineCost, relative residuals [len(points)]) of fit_affine over one StepSample per point."""
-    from k3_sglang.spec.cost_fit import StepSample, fit_affine, relative_residuals
+    from k3_sglang.tooling.spec.cost_fit import StepSample, fit_affine, relative_residuals
 
     samples = [StepSample(p.kind, p.n_reqs, p.n_tokens, p.l_max, p.seconds) for p in points]
     model = fit_affine(samples)
@@ -154,7 +154,7 @@ def stop_servers_on_signals() -> None:
 
 
 def machine() -> str:
-    from k3_sglang.bench.dcp_report import _cpu
+    from k3_sglang.tooling.bench.dcp_report import _cpu
 
     return f"{os.cpu_count()} x {_cpu()}"
 

@@ -25,11 +25,11 @@ import subprocess
 import sys
 import time
 
-from k3_sglang.router.proxy_bench import proxy_markdown, run_proxy_bench
+from k3_sglang.tooling.router.proxy_bench import proxy_markdown, run_proxy_bench
 from k3_sglang.router.config import PolicyConfig
 from k3_sglang.router.core import Capacity, RouterCore
 from k3_sglang.router.policy import RouteRequest
-from k3_sglang.router.replay import percentile, update_section
+from k3_sglang.tooling.router.replay import percentile, update_section
 from k3_sglang.router.session_key import request_facts
 
 BENCH_BEGIN, BENCH_END = "<!-- bench:begin -->", "<!-- bench:end -->"

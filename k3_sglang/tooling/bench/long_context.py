@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from k3_sglang.bench.streaming import stream_generate
+from k3_sglang.tooling.bench.streaming import stream_generate
 
 DOC = Path("docs/bench-long-context.md")
 DEFAULT_LENGTHS = (4096, 16384, 32768, 65536, 100000)
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"KDA chunked prefill alone (one layer, in process): 25K {kda[25_000]:.2f} s, 100K {kda[100_000]:.2f} s, "
           f"ratio {kda[100_000] / kda[25_000]:.2f}x for 4x the tokens")
     if str(args.out) != "-":
-        from k3_sglang.bench.long_context_report import write_report
+        from k3_sglang.tooling.bench.long_context_report import write_report
 
         write_report(args, started, points, baseline, ratio, kda)
     return 0

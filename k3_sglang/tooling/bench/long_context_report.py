@@ -6,8 +6,8 @@ import datetime
 import os
 from pathlib import Path
 
-from k3_sglang.bench.long_context import GOAL_RATIO, Point, fit_linear_quadratic
-from k3_sglang.bench.serve import _machine
+from k3_sglang.tooling.bench.long_context import GOAL_RATIO, Point, fit_linear_quadratic
+from k3_sglang.tooling.bench.serve import _machine
 
 
 def _plot(points: list[Point], baseline: list[Point], a: float, b: float, path: Path) -> None:

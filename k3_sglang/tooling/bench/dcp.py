@@ -66,7 +66,7 @@ def _decode_rows(trace_dir: Path, tp: int, marks: list[int]) -> tuple[list[float
 
 
 def run(args: argparse.Namespace) -> int:
-    from k3_sglang.bench.long_context import _one, _prompt
+    from k3_sglang.tooling.bench.long_context import _one, _prompt
     from k3_sglang.cli import CliError
     from k3_sglang.model.kv_read_trace import ENV
     from k3_sglang.serving.process import K3ServerProcess
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s in servers.values():
             s.stop()
-    from k3_sglang.bench.dcp_report import summarize, write_report
+    from k3_sglang.tooling.bench.dcp_report import summarize, write_report
 
     summary = summarize(cells, args.contexts, capacity)
     print(summary)
