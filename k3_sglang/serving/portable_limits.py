@@ -112,9 +112,7 @@ def portable_refusals(args) -> list[str]:
 def spec_refusals(args) -> list[str]:
     """K3_CSV (k3_sglang/spec) settings this server cannot run: PP under PD, the torch_native MLA baseline, bad
     K3_SPEC_*. (`k3 serve` sets SGLANG_ENABLE_PP_SPEC for K3_CSV under PP; spec/pp_hooks.py checks the rest.)"""
-    import os
-
-    from k3_sglang.spec.settings import SpecSettings
+    from k3_sglang.model.settings import WorkerSettings
 
     reasons = []
     pp = int(getattr(args, "pp_size", 1) or 1)
@@ -123,7 +121,12 @@ def spec_refusals(args) -> list[str]:
         reasons.append(f"--speculative-algorithm K3_CSV with --pp-size {pp} and --disaggregation-mode {mode}: "
                        "SGLang's pipeline speculation relay is aggregated-only (run the PP prefill server without "
                        "speculation, K3_CSV on the decode server)")
-    if os.environ.get("K3_MLA_EXTEND", "chunk") == "torch_native":
+    try:
+        settings = WorkerSettings.from_env()
+        settings.spec.ready()
+    except ValueError as e:
+        return reasons + [str(e)]
+    if settings.mla_extend == "torch_native":
         reasons.append("--speculative-algorithm K3_CSV with K3_MLA_EXTEND=torch_native: verify runs on the chunked "
                        "MLA extend path only")
     if (getattr(args, "mamba_radix_cache_strategy", "no_buffer") == "extra_buffer"
@@ -134,10 +137,6 @@ def spec_refusals(args) -> list[str]:
     width = getattr(args, "speculative_num_draft_tokens", None)
     if width is not None and int(width) < 2:
         reasons.append(f"--speculative-num-draft-tokens {width}: K3_CSV needs at least 2 (the root and a draft)")
-    try:
-        SpecSettings.from_env()
-    except ValueError as e:
-        reasons.append(str(e))
     return reasons
 
 
