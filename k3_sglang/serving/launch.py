@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from k3_sglang.serving.guards import RequestGuard
+from k3_sglang.serving.guards import RequestGuard, SampleLimits
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
 from k3_sglang.serving.portable_limits import portable_refusals, refusal_message
 from k3_sglang.serving.settings import ServeSettings
@@ -24,6 +24,11 @@ def _ready_line(host: str, port: int, model: str) -> str:
         f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d '{{\"model\": \"default\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16}}'"
     )
+
+
+def install_guard(app, settings: ServeSettings) -> None:
+    """Our request guard (serving/guards.py) in front of SGLang's FastAPI app, with the process's limits."""
+    app.add_middleware(RequestGuard, limits=SampleLimits(settings.max_n, settings.max_sequences))
 
 
 def main(argv: list[str]) -> None:
@@ -41,7 +46,7 @@ def main(argv: list[str]) -> None:
         if reasons:
             print(f"k3 serve: error: {refusal_message(reasons)}", file=sys.stderr, flush=True)
             sys.exit(2)
-    http_server.app.add_middleware(RequestGuard, max_n=settings.max_n)
+    install_guard(http_server.app, settings)
     original = http_server.launch_server
 
     def launch_with_ready_line(args, *a, **kw):
