@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sglang.srt.layers import radix_attention  # noqa: F401 - the MLA layer builds SGLang's RadixAttention
 
 from k3_sglang.config import preset
 from k3_sglang.kernels import dispatch
@@ -133,7 +134,6 @@ class _FakeMLAPool:
 def test_mla_decode_sized_from_live_seq_lens_not_capture_fill(monkeypatch, backend, device):
     """seq_lens_cpu holds 1 (what SGLang's graph capture fills in) while the real lengths are 5 and 9: every
     request must still attend all of its rows."""
-    pytest.importorskip("sglang.srt.layers.radix_attention", reason="the MLA layer builds SGLang's RadixAttention")
     from k3_sglang.model.mla_attention import mla_attention
     from k3_sglang.model.mla_layer import MLAMixer
     from k3_sglang.parallel.tp import Shard

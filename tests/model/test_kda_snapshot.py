@@ -13,7 +13,7 @@ import torch
 from k3_sglang.kernels import dispatch
 from k3_sglang.model.kda_layer import KDAStateView
 from k3_sglang.model.kda_snapshot import SnapshotPlan, packed_rows, split_extend
-from tests.kernels.test_model_through_dispatch import BACKENDS, CFG, _kda_mixer, _kda_pools, _reference_token
+from tests.model.test_model_through_dispatch import BACKENDS, CFG, _kda_mixer, _kda_pools, _reference_token
 from tests.utils.numerics import FP32_VS_FP64, assert_bit_exact, assert_close
 
 NAN = float("nan")
