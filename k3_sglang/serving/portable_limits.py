@@ -1,12 +1,15 @@
 """What the portable K3 model (k3_sglang.models) cannot serve correctly, refused before any server starts.
 
 The portable layers read and write SGLang's pools directly instead of going through SGLang's linear-attention
-backend, hold unsharded weights and keep no per-draft KDA states, so these configurations would give wrong answers
-(or fail deep inside a rank) and are refused with one message listing every reason:
+backend, shard their weights only in the layouts built here (TP/EP, DCP stripes, PP stages: k3_sglang/parallel) and
+keep per-draft KDA records only for our own K3_CSV verify, so these configurations would give wrong answers (or fail
+deep inside a rank) and are refused with one message listing every reason:
 
-- parallel sizes above the table below (one entry per size: lifting a limit is one edit once the model has it);
-- speculative algorithms outside the supported set (K3_CSV, ours: k3_sglang/spec), and K3_CSV inside a pipeline,
-  with SGLang's torch_native MLA extend or with the extra_buffer prefix cache (verify writes no track snapshots);
+- parallel sizes above the table below (one entry per size: lifting a limit is one edit once the model has it),
+  DP attention, and DCP inside a pipeline stage;
+- speculative algorithms outside the supported set (K3_CSV, ours: k3_sglang/spec), and K3_CSV with PD
+  disaggregation inside a pipeline (K3_CSV inside an aggregated pipeline is served: spec/pp_hooks.py), with SGLang's
+  torch_native MLA extend or with the extra_buffer prefix cache (verify writes no track snapshots);
 - mamba radix-cache strategies other than `no_buffer` and `extra_buffer` (the portable KDA layer writes
   extra_buffer's track-slot snapshots itself, model/kda_snapshot.py; `extra_buffer_lazy` is not exercised), and
   `no_buffer` with the radix cache under DCP (SGLang's DCP tree pages hold page_size x dcp_size tokens, and

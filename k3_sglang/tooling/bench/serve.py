@@ -102,8 +102,7 @@ def _write_report(args: argparse.Namespace, table: str) -> None:
             "Model: the embedded default unless stated (tiny K3, bf16, served by SGLang 0.5.23 on CPU through the\n"
             "k3_cpu platform plugin). Batch 1 and batch N run on the same server in the same run, alternating;\n"
             "the end-to-end rows are medians over the rounds. Goals (issue 2): batch-1 decode >= 50 tok/s,\n"
-            "32-way throughput >= 8x batch 1. For scale: the same SGLang on this machine class served a random\n"
-            "2-layer Llama (hidden 64) at 381 tok/s batch 1 and 11.8x at 32 concurrent.\n\n"
+            "32-way throughput >= 8x batch 1.\n\n"
             f"| measure | value |\n|---|---|\n{table}\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
