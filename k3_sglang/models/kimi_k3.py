@@ -36,9 +36,12 @@ def _k3_config(hf_config) -> K3Config:
 
     path = getattr(hf_config, "_name_or_path", None)
     if path and (Path(path) / "config.json").is_file():
-        return K3Config.from_json(path)
-    data = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
-    return K3Config.from_hf(data)
+        cfg = K3Config.from_json(path)
+    else:
+        cfg = K3Config.from_hf(hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config))
+    if cfg.quant.portable_problem():
+        raise ValueError(cfg.quant.portable_problem())
+    return cfg
 
 
 def _pipeline_stage(num_layers: int) -> StageRange:

@@ -144,7 +144,8 @@ def spec_refusals(args) -> list[str]:
 
 
 def layout_refusals(args) -> list[str]:
-    """TP/EP/DCP sizes that do not fit the checkpoint's head counts and widths (its config.json, when readable)."""
+    """TP/EP/DCP sizes that do not fit the checkpoint's head counts and widths, and a quantization the portable
+    model does not load (its config.json, when readable)."""
     from k3_sglang.config import K3Config
     from k3_sglang.parallel.tp import tp_constraint_errors
 
@@ -155,10 +156,12 @@ def layout_refusals(args) -> list[str]:
         return []  # an unreadable config is reported by --model-path validation
     if cfg is None:
         return []
+    reasons = [cfg.quant.portable_problem()] if cfg.quant.portable_problem() else []
     tp, ep, dcp = (int(getattr(args, name, 1) or 1) for name in ("tp_size", "ep_size", "dcp_size"))
     if ep > tp or tp % ep:
-        return [f"--ep-size {ep} must divide --tp-size {tp}"]
-    return tp_constraint_errors(cfg, attn_tp=tp, moe_tp=tp // ep, moe_ep=ep, dcp=dcp)
+        return reasons + [f"--ep-size {ep} must divide --tp-size {tp}"]
+    return reasons + tp_constraint_errors(cfg, attn_tp=tp, moe_tp=tp // ep, moe_ep=ep, dcp=dcp)
+
 
 
 def refusal_message(reasons: list[str]) -> str:
