@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from k3_sglang.bench import kernels
+from k3_sglang.tooling.bench import kernels
 
 KDA_DECODE_GOAL = 0.70  # fraction of measured copy bandwidth
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         torch = None
     if torch is None or not torch.cuda.is_available():
         return kernels.run(args)  # prints why and returns 2
-    from k3_sglang.kernels import bench_cases as cases
+    from k3_sglang.tooling.bench import kernel_cases as cases
 
     torch.manual_seed(0)
     device = torch.cuda.get_device_name()

@@ -5,3 +5,7 @@ Heavy modules (torch, sglang) are imported lazily by the pieces that need them, 
 """
 
 __version__ = "0.1.0"
+
+from k3_sglang import _checkout  # noqa: E402
+
+_checkout.install(__path__[0])

@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "router": ("k3_sglang.router.cli", "place agent sessions across SGLang workers"),
     "plan": ("k3_sglang.plan.cli", "capacity planner for K3 deployments"),
     "launch": ("k3_sglang.launch.cli", "render launch scripts from a plan"),
-    "bench": ("k3_sglang.bench.cli", "run a benchmark"),
+    "bench": ("k3_sglang.tooling.bench.cli", "run a benchmark"),
 }
 
 

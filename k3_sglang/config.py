@@ -187,19 +187,28 @@ class SiTUConfig:
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """Routed-expert weight quantisation: 'mxfp4' (E2M1 + E8M0 per group) or 'none'."""
+    """Routed-expert weight quantisation: 'mxfp4' (E2M1 + E8M0 per group), 'none', or 'other' (a scheme SGLang's own
+    K3 may load, e.g. another compressed-tensors format; `scheme` names it; the portable model refuses it)."""
 
     method: str = "none"
     group_size: int = 32
     ignore: tuple[str, ...] = ()
+    scheme: str = ""
 
     def __post_init__(self) -> None:
-        _require(self.method in ("none", "mxfp4"), "quantization_config.format", f"unsupported {self.method!r}")
+        _require(self.method in ("none", "mxfp4", "other"), "quantization_config", f"unknown method {self.method!r}")
         _positive("quantization_config.group_size", self.group_size)
 
     @property
     def experts_mxfp4(self) -> bool:
         return self.method == "mxfp4"
+
+    def portable_problem(self) -> str | None:
+        """Why the portable model cannot load this quantization (None: it can)."""
+        if self.method != "other":
+            return None
+        return (f"quantization ({self.scheme}): the portable model loads unquantised checkpoints or MXFP4 routed "
+                "experts (compressed-tensors mxfp4-pack-quantized) only")
 
 
 MXFP4_FORMAT = "mxfp4-pack-quantized"

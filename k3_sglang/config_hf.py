@@ -3,6 +3,15 @@
 The published checkpoint nests the text model under `text_config` (with the
 quantization_config inside it); a text-only export may be flat. Layer lists are 1-based
 in the file and 0-based in `K3Config`.
+
+What SGLang's own K3 config accepts is accepted here: a key SGLang's `KimiLinearConfig` gives a default takes that
+default when config.json leaves it out (`SGLANG_TEXT_DEFAULTS`; tests/unit/test_config_published.py checks the table
+against the installed class), and the quantization format is read per config group, as SGLang's compressed-tensors
+loader reads it (a group's `format` wins over the top-level one, which may be "mixed-precision" or absent). Keys
+SGLang leaves without a default (the layer lists, head counts, ranks, expert counts) are required, and K3's
+architecture is checked: where SGLang's defaults describe another model (SiLU instead of SiTU, RoPE, no MLA gate, no
+full-rank or lower-bound KDA gate) the field is named. A quantization other than MXFP4 experts parses as 'other'
+(SGLang's K3 may load it; the portable model refuses it, serving/portable_limits.py).
 """
 
 from __future__ import annotations
@@ -26,6 +35,29 @@ from k3_sglang.config import (
 TOP_ARCHITECTURE = "KimiK3ForConditionalGeneration"
 TEXT_ARCHITECTURE = "KimiLinearForCausalLM"
 
+# SGLang 0.5.23 `KimiLinearConfig.__init__` defaults of the text_config keys read here (None-default keys excluded).
+SGLANG_TEXT_DEFAULTS = {
+    "vocab_size": 163840, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "hidden_act": "silu", "rms_norm_eps": 1e-6, "pad_token_id": 0, "bos_token_id": 1,
+    "eos_token_id": 2, "tie_word_embeddings": False, "moe_renormalize": True, "moe_router_activation_func": "sigmoid",
+    "num_shared_experts": 0, "routed_scaling_factor": 1.0, "first_k_dense_replace": 0, "moe_layer_freq": 1,
+    "num_expert_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "mla_use_nope": False,
+    "latent_moe_use_norm": False, "mla_use_output_gate": False, "max_position_embeddings": 4096,
+}
+# linear_attn_config keys SGLang's K3 model reads with .get() and a default
+SGLANG_LINEAR_ATTN_DEFAULTS = {"use_full_rank_gate": False}
+
+
+def _text(tc: dict, name: str, kind: type):
+    """A text_config key: its value, SGLang's default when missing, or an error naming it when SGLang has none."""
+    if name in tc or name not in SGLANG_TEXT_DEFAULTS:
+        return _take(tc, name, kind)
+    return SGLANG_TEXT_DEFAULTS[name]
+
+
+def _default_note(tc: dict, name: str) -> str:
+    return f" (SGLang's default when {name} is missing)" if name not in tc else ""
+
 
 def _layer_list(lac: dict, name: str, num_layers: int) -> tuple[int, ...]:
     raw = _take(lac, name, list, "linear_attn_config.")
@@ -36,21 +68,36 @@ def _layer_list(lac: dict, name: str, num_layers: int) -> tuple[int, ...]:
     return tuple(sorted(v - 1 for v in raw))
 
 
+def _is_mxfp4_group(group: dict, top_format: object) -> bool:
+    weights = group.get("weights") or {}
+    return ((group.get("format") or top_format) == MXFP4_FORMAT and isinstance(weights, dict)
+            and weights.get("num_bits") == 4 and weights.get("type") == "float")
+
+
 def _parse_quant(tc: dict) -> QuantConfig:
     qc = tc.get("quantization_config")
     if qc is None:
         return QuantConfig()
     _require(isinstance(qc, dict), "quantization_config", f"expected an object, got {type(qc).__name__}")
-    fmt = qc.get("format")
-    _require(fmt == MXFP4_FORMAT, "quantization_config.format", f"only {MXFP4_FORMAT!r} is supported, got {fmt!r}")
-    groups = qc.get("config_groups", {})
-    _require(isinstance(groups, dict) and groups, "quantization_config.config_groups", "missing")
-    weights = next(iter(groups.values())).get("weights", {})
-    _require(weights.get("num_bits") == 4 and weights.get("type") == "float", "quantization_config.config_groups.weights",
-             f"expected 4-bit float weights, got {weights!r}")
+    method, top = qc.get("quant_method", "compressed-tensors"), qc.get("format")
+    groups = qc.get("config_groups")
+    if method != "compressed-tensors" or not isinstance(groups, dict) or not groups:
+        return QuantConfig(method="other", scheme=f"quant_method {method!r}, format {top!r}")
+    for name, group in groups.items():
+        _require(isinstance(group, dict), f"quantization_config.config_groups.{name}", "expected an object")
+    if not all(_is_mxfp4_group(g, top) for g in groups.values()):
+        formats = sorted({str(g.get("format") or top) for g in groups.values()})
+        return QuantConfig(method="other", scheme=f"compressed-tensors {', '.join(formats)}")
+    name, group = next(iter(groups.items()))
     ignore = qc.get("ignore", [])
     _require(isinstance(ignore, list), "quantization_config.ignore", "expected a list")
-    return QuantConfig(method="mxfp4", group_size=_take(weights, "group_size", int, "quantization_config.weights."), ignore=tuple(ignore))
+    return QuantConfig(method="mxfp4", ignore=tuple(ignore),
+                       group_size=_take(group["weights"], "group_size", int, f"quantization_config.config_groups.{name}.weights."))
+
+
+def _token_id(hf: dict, tc: dict, name: str) -> int:
+    """A control-token id: the top level's (KimiK3Config), else text_config's, else SGLang's text default."""
+    return _take(hf, name, int) if hf.get(name) is not None else _text(tc, name, int)
 
 
 def parse_hf_config(hf: dict, name: str = "custom") -> K3Config:
@@ -58,59 +105,59 @@ def parse_hf_config(hf: dict, name: str = "custom") -> K3Config:
     _require(isinstance(hf, dict), "config.json", f"expected a JSON object, got {type(hf).__name__}")
     tc = hf.get("text_config", hf)
     _require(isinstance(tc, dict), "text_config", f"expected an object, got {type(tc).__name__}")
-    num_layers = _take(tc, "num_hidden_layers", int)
+    num_layers = _text(tc, "num_hidden_layers", int)
     lac = _take(tc, "linear_attn_config", dict)
-    act = _take(tc, "hidden_act", str)
-    _require(act == "situ", "hidden_act", f"K3 uses 'situ', got {act!r}")
+    act = _text(tc, "hidden_act", str)
+    _require(act == "situ", "hidden_act", f"K3 uses 'situ', got {act!r}{_default_note(tc, 'hidden_act')}")
+    _require("gate_lower_bound" in lac, "linear_attn_config.gate_lower_bound",
+             "missing (without it SGLang runs KDA's plain decay gate, not K3's lower-bound gate)")
     kda = KDAConfig(
         num_heads=_take(lac, "num_heads", int, "linear_attn_config."),
         head_dim=_take(lac, "head_dim", int, "linear_attn_config."),
         conv_kernel_size=_take(lac, "short_conv_kernel_size", int, "linear_attn_config."),
         gate_lower_bound=_take(lac, "gate_lower_bound", float, "linear_attn_config."),
-        use_full_rank_gate=_take(lac, "use_full_rank_gate", bool, "linear_attn_config."),
+        use_full_rank_gate=_take_opt(lac, "use_full_rank_gate", bool, SGLANG_LINEAR_ATTN_DEFAULTS["use_full_rank_gate"],
+                                     "linear_attn_config."),
         layer_ids=_layer_list(lac, "kda_layers", num_layers),
     )
     mla = MLAConfig(
-        num_heads=_take(tc, "num_attention_heads", int),
+        num_heads=_text(tc, "num_attention_heads", int),
         q_lora_rank=_take(tc, "q_lora_rank", int),
         kv_lora_rank=_take(tc, "kv_lora_rank", int),
         qk_nope_head_dim=_take(tc, "qk_nope_head_dim", int),
         qk_rope_head_dim=_take(tc, "qk_rope_head_dim", int),
         v_head_dim=_take(tc, "v_head_dim", int),
-        use_nope=_take(tc, "mla_use_nope", bool),
-        use_output_gate=_take(tc, "mla_use_output_gate", bool),
+        use_nope=_text(tc, "mla_use_nope", bool),
+        use_output_gate=_text(tc, "mla_use_output_gate", bool),
         lora_norm_eps=_take_opt(tc, "mla_lora_norm_eps", float, 1e-6),
         layer_ids=_layer_list(lac, "full_attn_layers", num_layers),
     )
     moe = MoEConfig(
         num_experts=_take(tc, "num_experts", int),
         num_experts_per_token=_take(tc, "num_experts_per_token", int),
-        num_shared_experts=_take(tc, "num_shared_experts", int),
+        num_shared_experts=_text(tc, "num_shared_experts", int),
         moe_intermediate_size=_take(tc, "moe_intermediate_size", int),
         routed_expert_hidden_size=_take(tc, "routed_expert_hidden_size", int),
-        latent_moe_use_norm=_take(tc, "latent_moe_use_norm", bool),
-        router_activation=_take(tc, "moe_router_activation_func", str),
-        topk_method=_take(tc, "topk_method", str),
-        num_expert_group=_take_opt(tc, "num_expert_group", int, 1),
-        topk_group=_take_opt(tc, "topk_group", int, 1),
-        renormalize=_take(tc, "moe_renormalize", bool),
-        routed_scaling_factor=_take(tc, "routed_scaling_factor", float),
-        first_k_dense_replace=_take(tc, "first_k_dense_replace", int),
-        moe_layer_freq=_take(tc, "moe_layer_freq", int),
-        dense_intermediate_size=_take(tc, "intermediate_size", int),
+        latent_moe_use_norm=_text(tc, "latent_moe_use_norm", bool),
+        router_activation=_text(tc, "moe_router_activation_func", str),
+        topk_method=_text(tc, "topk_method", str),
+        num_expert_group=_text(tc, "num_expert_group", int),
+        topk_group=_text(tc, "topk_group", int),
+        renormalize=_text(tc, "moe_renormalize", bool),
+        routed_scaling_factor=_text(tc, "routed_scaling_factor", float),
+        first_k_dense_replace=_text(tc, "first_k_dense_replace", int),
+        moe_layer_freq=_text(tc, "moe_layer_freq", int),
+        dense_intermediate_size=_text(tc, "intermediate_size", int),
     )
     return K3Config(
-        hidden_size=_take(tc, "hidden_size", int),
+        hidden_size=_text(tc, "hidden_size", int),
         num_layers=num_layers,
-        vocab_size=_take(tc, "vocab_size", int),
-        rms_norm_eps=_take(tc, "rms_norm_eps", float),
-        max_position_embeddings=_take(tc, "max_position_embeddings", int),
-        tie_word_embeddings=_take_opt(tc, "tie_word_embeddings", bool, False),
-        tokens=TokenIds(
-            bos=_take(hf if "bos_token_id" in hf else tc, "bos_token_id", int),
-            eos=_take(hf if "eos_token_id" in hf else tc, "eos_token_id", int),
-            pad=_take(hf if "pad_token_id" in hf else tc, "pad_token_id", int),
-        ),
+        vocab_size=_text(tc, "vocab_size", int),
+        rms_norm_eps=_text(tc, "rms_norm_eps", float),
+        max_position_embeddings=_text(tc, "max_position_embeddings", int),
+        tie_word_embeddings=_text(tc, "tie_word_embeddings", bool),
+        tokens=TokenIds(bos=_token_id(hf, tc, "bos_token_id"), eos=_token_id(hf, tc, "eos_token_id"),
+                        pad=_token_id(hf, tc, "pad_token_id")),
         kda=kda,
         mla=mla,
         moe=moe,

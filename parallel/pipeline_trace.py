@@ -14,24 +14,11 @@ From the spans of one request's chunked prefill (chunk k is the k-th extend forw
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-TRACE_ENV = "K3_STAGE_TRACE"
-
-
-@dataclass(frozen=True)
-class StageTraceSettings:
-    """K3_STAGE_TRACE: folder for the per-stage span files (unset or empty: no tracing)."""
-
-    directory: Path | None = None
-
-    @classmethod
-    def from_env(cls) -> "StageTraceSettings":
-        value = os.environ.get(TRACE_ENV, "")
-        return cls(Path(value) if value else None)
+TRACE_ENV = "K3_STAGE_TRACE"  # read by WorkerSettings.stage_trace (k3_sglang/model/settings.py)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ where rows is how many latent pool rows the attention kernel was handed (what it
 `k3 bench dcp` reads the files to measure KV bytes read per rank per decode step. Off (no I/O) when unset."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 ENV = "K3_KV_READ_TRACE"
@@ -12,13 +11,15 @@ ENV = "K3_KV_READ_TRACE"
 class KVReadTrace:
     """Append-only per-rank trace of MLA pool rows read; `record` is a no-op when the setting is unset."""
 
-    def __init__(self, directory: str | None, rank: int):
+    def __init__(self, directory: str | Path | None, rank: int):
         self.path = Path(directory) / f"rank{rank}.txt" if directory else None
         self._file = None
 
     @classmethod
     def from_env(cls, rank: int) -> "KVReadTrace":
-        return cls(os.environ.get(ENV) or None, rank)
+        from k3_sglang.model.settings import worker_settings
+
+        return cls(worker_settings().kv_read_trace, rank)
 
     def record(self, mode: str, rows: int) -> None:
         if self.path is None:

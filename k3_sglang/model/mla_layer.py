@@ -15,7 +15,7 @@ from k3_sglang.config import K3Config
 from k3_sglang.model.common import RMSNorm
 from k3_sglang.model.mla_attention import mla_attention
 from k3_sglang.model.parallel import ModelParallel, all_reduce, column, row
-from k3_sglang.model.settings import model_settings
+from k3_sglang.model.settings import worker_settings
 
 
 class MLAMixer(nn.Module):
@@ -45,7 +45,7 @@ class MLAMixer(nn.Module):
                                 "the MLA head count")
         self.g_proj = column(hidden, mla.num_heads * mla.v_head_dim, heads, "the MLA head count")
         self.o_proj = row(mla.num_heads * mla.v_head_dim, hidden, heads, "the MLA head count")
-        self.chunk_extend = model_settings().mla_extend == "chunk"
+        self.chunk_extend = worker_settings().mla_extend == "chunk"
         self.attn = RadixAttention(
             num_heads=self.num_heads, head_dim=mla.latent_dim, scaling=mla.softmax_scale,
             num_kv_heads=1, layer_id=layer_id, v_head_dim=mla.kv_lora_rank,

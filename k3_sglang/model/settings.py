@@ -1,34 +1,34 @@
-"""Typed `K3_*` settings the model reads in SGLang's worker processes (parsed once per process).
+"""Typed `K3_*` settings of SGLang's server processes that run the portable model (parsed once per process).
 
-K3_MLA_EXTEND: how MLA prefill chunks attend.
-- `chunk` (default): the chunk's queries over the request's cached pool rows (`model/mla_attention.py`),
-  O(chunk x prefix) per chunk.
-- `torch_native`: SGLang's torch_native extend, which recomputes attention over prefix + chunk for every chunk
-  (O(prefix^2) per chunk); kept only as the baseline for `k3 bench long-context`.
+- K3_MLA_EXTEND: how MLA prefill chunks attend. `chunk` (default): the chunk's queries over the request's cached
+  pool rows (`model/mla_attention.py`), O(chunk x prefix) per chunk. `torch_native`: SGLang's torch_native extend,
+  which recomputes attention over prefix + chunk for every chunk (O(prefix^2) per chunk); kept only as the baseline
+  for `k3 bench long-context`.
+- K3_KV_READ_TRACE: folder for the per-rank MLA pool-read trace (`model/kv_read_trace.py`, `k3 bench dcp`).
+- K3_STAGE_TRACE: folder for the per-stage forward spans (`parallel/pipeline_trace.py`, `k3 bench pp-prefill`).
+- K3_SPEC_*: the K3_CSV section `spec` (`spec/settings.py`).
+`k3 serve` parses the same model once before it starts SGLang, so a bad value exits 2 there.
 """
 from __future__ import annotations
 
 import functools
-import os
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
-MLA_EXTEND_PATHS = ("chunk", "torch_native")
+from k3_sglang.env_settings import EnvModel
+from k3_sglang.spec.settings import SpecSettings
+
+MLAExtendPath = Literal["chunk", "torch_native"]
 
 
-@dataclass(frozen=True)
-class ModelSettings:
-    mla_extend: str = "chunk"
-
-    def __post_init__(self) -> None:
-        if self.mla_extend not in MLA_EXTEND_PATHS:
-            raise ValueError(f"K3_MLA_EXTEND must be one of {', '.join(MLA_EXTEND_PATHS)}, got {self.mla_extend!r}")
-
-    @classmethod
-    def from_env(cls) -> "ModelSettings":
-        return cls(mla_extend=os.environ.get("K3_MLA_EXTEND", "") or "chunk")
+class WorkerSettings(EnvModel):
+    mla_extend: MLAExtendPath = "chunk"
+    kv_read_trace: Path | None = None
+    stage_trace: Path | None = None
+    spec: SpecSettings = SpecSettings()
 
 
 @functools.lru_cache(maxsize=1)
-def model_settings() -> ModelSettings:
+def worker_settings() -> WorkerSettings:
     """The process's settings (the environment SGLang's workers inherit from `k3 serve`)."""
-    return ModelSettings.from_env()
+    return WorkerSettings.from_env()

@@ -21,8 +21,9 @@ from torch import nn
 from k3_sglang.config import K3Config
 from k3_sglang.loader.weights import K3WeightLoader
 from k3_sglang.model.decoder import K3Model
+from k3_sglang.model.settings import worker_settings
 from k3_sglang.parallel.pipeline import StageRange, describe_stage, pack_carry, unpack_carry
-from k3_sglang.parallel.pipeline_trace import StageTrace, StageTraceSettings
+from k3_sglang.parallel.pipeline_trace import StageTrace
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +36,12 @@ def _k3_config(hf_config) -> K3Config:
 
     path = getattr(hf_config, "_name_or_path", None)
     if path and (Path(path) / "config.json").is_file():
-        return K3Config.from_json(path)
-    data = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
-    return K3Config.from_hf(data)
+        cfg = K3Config.from_json(path)
+    else:
+        cfg = K3Config.from_hf(hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config))
+    if cfg.quant.portable_problem():
+        raise ValueError(cfg.quant.portable_problem())
+    return cfg
 
 
 def _pipeline_stage(num_layers: int) -> StageRange:
@@ -70,7 +74,7 @@ class KimiK3ForConditionalGeneration(nn.Module):
         self.model = K3Model(self.k3, self.stage)
         if self.stage != StageRange.whole(self.k3.num_layers):
             logger.info("K3 pipeline stage: %s", describe_stage(self.stage, self.k3))
-        trace_dir = StageTraceSettings.from_env().directory
+        trace_dir = worker_settings().stage_trace
         # k3 bench pp-prefill; one file per stage, so only the stage's first TP rank writes it
         self.trace = StageTrace(trace_dir, self.stage.start) if trace_dir and _tp_rank() == 0 else None
         if self.stage.is_last and self.k3.tie_word_embeddings and not self.stage.is_first:

@@ -6,10 +6,11 @@ Layout:
 - `prefix`      chained block hashes of a token or text prefix, an LRU prefix index (pure)
 - `fleet`       worker and session state, the in-flight ledger, TTL expiry (pure, time passed in)
 - `policy`      the placement decision for one request (pure)
-- `baselines`   round-robin, least-load and SMG-style cache-aware policies (for replay)
 - `session_key` session identity from headers or the conversation's opening
 - `breaker`, `health`, `capacity`   reliability and capacity discovery (I/O at the edges)
 - `proxy`, `app`, `metrics`, `errors`   the thin HTTP layer
-- `replay_sim`, `replay`   trace replay against a simulated fleet
-- `mock_worker` a small SGLang imitation with fault injection (tests and benchmarks)
+- `threaded`    an app in a background thread on its own loop
+
+Trace replay, baseline policies, synthetic traces, the mock worker and the router benchmarks are tooling
+(`k3_sglang.tooling.router`); no router process imports them.
 """

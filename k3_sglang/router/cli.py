@@ -172,8 +172,8 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_replay_command(args: argparse.Namespace) -> int:
     """Run the replay and print/write its table."""
-    from k3_sglang.router.replay import markdown_table, report, run_replay
-    from k3_sglang.router.replay_sim import FleetSpec, load_trace
+    from k3_sglang.tooling.router.replay import markdown_table, report, run_replay
+    from k3_sglang.tooling.router.replay_sim import FleetSpec, load_trace
 
     for name in ("workers", "kv_tokens", "state_slots", "prefill_tps", "tpot_ms", "session_ttl"):
         if getattr(args, name) <= 0:
@@ -222,7 +222,7 @@ def policy_from_overrides(pairs: list[str], **base):
 
 def add_make_trace_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the synthetic trace generator."""
-    from k3_sglang.router.trace_gen import KINDS
+    from k3_sglang.tooling.router.trace_gen import KINDS
 
     parser.add_argument("kind", choices=KINDS, help="shared-prompt (one system prompt for all) or tool-agent")
     parser.add_argument("--out", required=True, help="JSONL file to write")
@@ -233,7 +233,7 @@ def add_make_trace_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_make_trace(args: argparse.Namespace) -> int:
     """Generate a synthetic trace and write it."""
-    from k3_sglang.router.trace_gen import default_shape, generate, write_trace
+    from k3_sglang.tooling.router.trace_gen import default_shape, generate, write_trace
 
     if args.sessions is not None and args.sessions <= 0:
         raise _cli_error("--sessions must be positive")

@@ -258,11 +258,11 @@ def run(args: argparse.Namespace) -> int:
     from k3_sglang.cli import CliError
     from k3_sglang.platform import cuda_available
 
-    from k3_sglang.model.settings import ModelSettings
+    from k3_sglang.model.settings import WorkerSettings
 
     try:
         settings = ServeSettings.from_env()
-        ModelSettings.from_env()  # the model's K3_* settings, read again in SGLang's workers
+        WorkerSettings.from_env()  # the workers' K3_* settings (K3_SPEC_* values included), read again there
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if not 0 < args.port < 65536:

@@ -12,7 +12,7 @@ import os
 import sys
 
 from k3_sglang.platform import PLATFORM_NAME
-from k3_sglang.serving.guards import RequestGuard
+from k3_sglang.serving.guards import RequestGuard, SampleLimits
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
 from k3_sglang.serving import sglang_cpu_limits
 from k3_sglang.serving.portable_limits import portable_refusals, refusal_message
@@ -41,6 +41,11 @@ def launch_with_ready_line(args, *a, **kw):
     return _sglang_launch_server(args, *a, **kw)
 
 
+def install_guard(app, settings: ServeSettings) -> None:
+    """Our request guard (serving/guards.py) in front of SGLang's FastAPI app, with the process's limits."""
+    app.add_middleware(RequestGuard, limits=SampleLimits(settings.max_n, settings.max_sequences))
+
+
 def main(argv: list[str]) -> None:
     from sglang.launch_server import run_server
     from sglang.srt.entrypoints import http_server
@@ -61,7 +66,7 @@ def main(argv: list[str]) -> None:
     if message:
         print(f"k3 serve: error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
-    http_server.app.add_middleware(RequestGuard, max_n=settings.max_n)
+    install_guard(http_server.app, settings)
     global _sglang_launch_server
     _sglang_launch_server = http_server.launch_server
     http_server.launch_server = launch_with_ready_line

@@ -1,12 +1,15 @@
 """What the portable K3 model (k3_sglang.models) cannot serve correctly, refused before any server starts.
 
 The portable layers read and write SGLang's pools directly instead of going through SGLang's linear-attention
-backend, hold unsharded weights and keep no per-draft KDA states, so these configurations would give wrong answers
-(or fail deep inside a rank) and are refused with one message listing every reason:
+backend, shard their weights only in the layouts built here (TP/EP, DCP stripes, PP stages: k3_sglang/parallel) and
+keep per-draft KDA records only for our own K3_CSV verify, so these configurations would give wrong answers (or fail
+deep inside a rank) and are refused with one message listing every reason:
 
-- parallel sizes above the table below (one entry per size: lifting a limit is one edit once the model has it);
-- speculative algorithms outside the supported set (K3_CSV, ours: k3_sglang/spec), and K3_CSV inside a pipeline,
-  with SGLang's torch_native MLA extend or with the extra_buffer prefix cache (verify writes no track snapshots);
+- parallel sizes above the table below (one entry per size: lifting a limit is one edit once the model has it),
+  DP attention, and DCP inside a pipeline stage;
+- speculative algorithms outside the supported set (K3_CSV, ours: k3_sglang/spec), and K3_CSV with PD
+  disaggregation inside a pipeline (K3_CSV inside an aggregated pipeline is served: spec/pp_hooks.py), with SGLang's
+  torch_native MLA extend or with the extra_buffer prefix cache (verify writes no track snapshots);
 - mamba radix-cache strategies other than `no_buffer` and `extra_buffer` (the portable KDA layer writes
   extra_buffer's track-slot snapshots itself, model/kda_snapshot.py; `extra_buffer_lazy` is not exercised), and
   `no_buffer` with the radix cache under DCP (SGLang's DCP tree pages hold page_size x dcp_size tokens, and
@@ -112,9 +115,7 @@ def portable_refusals(args) -> list[str]:
 def spec_refusals(args) -> list[str]:
     """K3_CSV (k3_sglang/spec) settings this server cannot run: PP under PD, the torch_native MLA baseline, bad
     K3_SPEC_*. (`k3 serve` sets SGLANG_ENABLE_PP_SPEC for K3_CSV under PP; spec/pp_hooks.py checks the rest.)"""
-    import os
-
-    from k3_sglang.spec.settings import SpecSettings
+    from k3_sglang.model.settings import WorkerSettings
 
     reasons = []
     pp = int(getattr(args, "pp_size", 1) or 1)
@@ -123,7 +124,12 @@ def spec_refusals(args) -> list[str]:
         reasons.append(f"--speculative-algorithm K3_CSV with --pp-size {pp} and --disaggregation-mode {mode}: "
                        "SGLang's pipeline speculation relay is aggregated-only (run the PP prefill server without "
                        "speculation, K3_CSV on the decode server)")
-    if os.environ.get("K3_MLA_EXTEND", "chunk") == "torch_native":
+    try:
+        settings = WorkerSettings.from_env()
+        settings.spec.ready()
+    except ValueError as e:
+        return reasons + [str(e)]
+    if settings.mla_extend == "torch_native":
         reasons.append("--speculative-algorithm K3_CSV with K3_MLA_EXTEND=torch_native: verify runs on the chunked "
                        "MLA extend path only")
     if (getattr(args, "mamba_radix_cache_strategy", "no_buffer") == "extra_buffer"
@@ -134,15 +140,12 @@ def spec_refusals(args) -> list[str]:
     width = getattr(args, "speculative_num_draft_tokens", None)
     if width is not None and int(width) < 2:
         reasons.append(f"--speculative-num-draft-tokens {width}: K3_CSV needs at least 2 (the root and a draft)")
-    try:
-        SpecSettings.from_env()
-    except ValueError as e:
-        reasons.append(str(e))
     return reasons
 
 
 def layout_refusals(args) -> list[str]:
-    """TP/EP/DCP sizes that do not fit the checkpoint's head counts and widths (its config.json, when readable)."""
+    """TP/EP/DCP sizes that do not fit the checkpoint's head counts and widths, and a quantization the portable
+    model does not load (its config.json, when readable)."""
     from k3_sglang.config import K3Config
     from k3_sglang.parallel.tp import tp_constraint_errors
 
@@ -153,10 +156,12 @@ def layout_refusals(args) -> list[str]:
         return []  # an unreadable config is reported by --model-path validation
     if cfg is None:
         return []
+    reasons = [cfg.quant.portable_problem()] if cfg.quant.portable_problem() else []
     tp, ep, dcp = (int(getattr(args, name, 1) or 1) for name in ("tp_size", "ep_size", "dcp_size"))
     if ep > tp or tp % ep:
-        return [f"--ep-size {ep} must divide --tp-size {tp}"]
-    return tp_constraint_errors(cfg, attn_tp=tp, moe_tp=tp // ep, moe_ep=ep, dcp=dcp)
+        return reasons + [f"--ep-size {ep} must divide --tp-size {tp}"]
+    return reasons + tp_constraint_errors(cfg, attn_tp=tp, moe_tp=tp // ep, moe_ep=ep, dcp=dcp)
+
 
 
 def refusal_message(reasons: list[str]) -> str:

@@ -7,7 +7,7 @@ The planner (spec/planner.py) asks a CostModel for the seconds of both and maxim
 - AffineCost: step = c0 + c_req*N + c_tok*T + c_lmax*L; decode = d0 + d_req*N (the CPU shape, docs/bench-serve.md).
 - StaircaseCost: a dense staircase in total tokens (GPU graph tiers): seconds at the smallest edge >= T.
 - AdditiveCost: SGLang DSpark's SpsAdditiveCostTable (bias + interp(alpha, N) + interp(theta, T)).
-- fit_affine (cost_fit.py): non-negative least squares over measured StepSample rows (`k3 bench profile-verify`).
+- fit_affine (k3_sglang/tooling/spec/cost_fit.py): non-negative least squares over measured StepSample rows (`k3 bench profile-verify`).
 - save_cost / load_cost: JSON {"schema": "k3-verify-cost/v1", "kind": ..., ..., "meta": {...}}; load_cost also
   reads SGLang 0.5.23 DSpark SPS JSON (SpsCostTable, SpsAdditiveCostTable; srt/speculative/dspark_components/
   dspark_sps.py) and refuses a sparse floor-lookup SpsCostTable, which would price tokens between probes as free.

@@ -80,7 +80,8 @@ class StepPolicy:
 
             s = self.settings
             self._drafter = build_drafter(s.drafter, oracle_path=s.oracle, profile=s.profile, seed=s.seed,
-                                          vocab_size=self.vocab_size, lookup_window=s.lookup_window)
+                                          vocab_size=self.vocab_size, lookup_window=s.lookup_window,
+                                          prior_path=s.prior)
         return self._drafter
 
     def group(self, group: int = 0) -> GroupState:

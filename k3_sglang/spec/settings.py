@@ -1,6 +1,7 @@
 """Typed `K3_SPEC_*` settings of the K3_CSV speculative algorithm (a custom algorithm gets no ServerArgs fields).
 
-Parsed once per process from the environment `k3 serve` hands SGLang's workers:
+The `spec` section of the worker processes' settings (`WorkerSettings.spec`, model/settings.py), parsed once per
+process from the environment `k3 serve` hands SGLang's workers:
 - K3_SPEC_DRAFTER: `lookup` (default; prompt lookup over the request's own context, confidence calibrated online)
   or `controlled` (replays a reference continuation with a known per-request acceptance; tests and benchmarks).
 - K3_SPEC_VERIFY_MODE: `compact` (default; the planner picks each step's verify lengths and falls back to plain
@@ -12,62 +13,63 @@ Parsed once per process from the environment `k3 serve` hands SGLang's workers:
   (chat, math, mix, perfect, zero or a number) and seed.
 - K3_SPEC_LOOKUP_WINDOW: the lookup drafter's per-request index window in tokens (default 65536, about 60 MB per
   request at most; 0 = the whole context, unbounded).
+- K3_SPEC_PRIOR: a saved calibrator posterior (JSON, `BetaBucketCalibrator.save`) the lookup drafter starts from;
+  unset = a fresh calibrator (confidence 0.5, pooled per draft position as it learns).
 - K3_SPEC_RECORD: append one JSON line per decode step (mode, batch, verify lengths, accepted, seconds) here.
 - K3_SPEC_FORCE_VERIFY_LEN: profiling only: verify exactly this many tokens per request every step (drafts padded
   by repeating the root), whatever the drafter proposes.
+Value checks (choices, integers, bounds) happen at parse; `ready()` adds what only a K3_CSV server needs (the
+controlled drafter's oracle, the files named exist, the prior parses).
 """
 from __future__ import annotations
 
-import functools
 import os
-from dataclasses import dataclass
+from typing import ClassVar, Literal
 
-from k3_sglang.serving.settings import _choice_env, _int_env
-from k3_sglang.spec.drafters.lookup import DEFAULT_WINDOW
+from pydantic import Field
+
+from k3_sglang.env_settings import EnvModel
 
 ALGORITHM = "K3_CSV"
-DRAFTERS = ("lookup", "controlled")
-VERIFY_MODES = ("compact", "static", "decode")
+Drafter = Literal["lookup", "controlled"]
+VerifyMode = Literal["compact", "static", "decode"]
+DEFAULT_LOOKUP_WINDOW = 65536  # tokens; about 60 MB of index per request at most (spec/drafters/lookup.py)
 
 
-def _optional_int(name: str, minimum: int) -> int | None:
-    """An integer setting that may be unset (None)."""
-    return _int_env(name, 0, minimum) if os.environ.get(name, "").strip() else None
+class SpecSettings(EnvModel):
+    ENV_PREFIX: ClassVar[str] = "K3_SPEC_"
 
-
-@dataclass(frozen=True)
-class SpecSettings:
-    drafter: str = "lookup"
-    verify_mode: str = "compact"
+    drafter: Drafter = "lookup"
+    verify_mode: VerifyMode = "compact"
     cost_table: str | None = None
     oracle: str | None = None
     profile: str = "mix"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     record: str | None = None
-    lookup_window: int = DEFAULT_WINDOW
-    force_verify_len: int | None = None
+    lookup_window: int = Field(DEFAULT_LOOKUP_WINDOW, ge=0)
+    force_verify_len: int | None = Field(None, ge=1)
+    prior: str | None = None
 
-    @classmethod
-    def from_env(cls) -> "SpecSettings":
-        settings = cls(
-            drafter=_choice_env("K3_SPEC_DRAFTER", "lookup", DRAFTERS),
-            verify_mode=_choice_env("K3_SPEC_VERIFY_MODE", "compact", VERIFY_MODES),
-            cost_table=os.environ.get("K3_SPEC_COST_TABLE") or None,
-            oracle=os.environ.get("K3_SPEC_ORACLE") or None,
-            profile=os.environ.get("K3_SPEC_PROFILE", "").strip() or "mix",
-            seed=_int_env("K3_SPEC_SEED", 0, 0),
-            record=os.environ.get("K3_SPEC_RECORD") or None,
-            lookup_window=_int_env("K3_SPEC_LOOKUP_WINDOW", DEFAULT_WINDOW, 0),
-            force_verify_len=_optional_int("K3_SPEC_FORCE_VERIFY_LEN", 1),
-        )
-        if settings.drafter == "controlled" and not settings.oracle:
+    def ready(self) -> "SpecSettings":
+        """Self, once the files K3_CSV will open are there (ValueError naming the setting otherwise)."""
+        if self.drafter == "controlled" and not self.oracle:
             raise ValueError("K3_SPEC_DRAFTER=controlled needs K3_SPEC_ORACLE (a JSONL of input_ids/output_ids)")
-        for name, path in (("K3_SPEC_COST_TABLE", settings.cost_table), ("K3_SPEC_ORACLE", settings.oracle)):
+        for name, path in (("K3_SPEC_COST_TABLE", self.cost_table), ("K3_SPEC_ORACLE", self.oracle),
+                           ("K3_SPEC_PRIOR", self.prior)):
             if path and not os.path.isfile(path):
                 raise ValueError(f"{name}: no such file {path}")
-        return settings
+        if self.prior:
+            from k3_sglang.spec.drafters.calibrate import BetaBucketCalibrator
+
+            try:
+                BetaBucketCalibrator.load(self.prior)
+            except ValueError as exc:
+                raise ValueError(f"K3_SPEC_PRIOR: {exc}") from None
+        return self
 
 
-@functools.lru_cache(maxsize=1)
 def spec_settings() -> SpecSettings:
-    return SpecSettings.from_env()
+    """This worker process's K3_CSV settings (its WorkerSettings' `spec` section), checked ready."""
+    from k3_sglang.model.settings import worker_settings
+
+    return worker_settings().spec.ready()

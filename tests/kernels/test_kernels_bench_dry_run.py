@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from k3_sglang.bench import kernels
-from k3_sglang.kernels import bench_cases as cases
+from k3_sglang.tooling.bench import kernels
+from k3_sglang.tooling.bench import kernel_cases as cases
 
 pytestmark = pytest.mark.triton
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from k3_sglang.bench import kda_prefill, kernels
+from k3_sglang.tooling.bench import kda_prefill, kernels
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_bench_kernels_exits_2_on_cpu(capsys):
 
 
 def test_bench_cases_import_without_cuda():
-    import k3_sglang.kernels.bench_cases as cases
+    import k3_sglang.tooling.bench.kernel_cases as cases
 
     assert callable(cases.bench_kda) and kernels.n_sets(kernels.L2_ROTATE_BYTES / 4) == 4
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from sglang.srt import server_args
 
 from launch_helpers import RENDERED, scripts, serve_commands
 
@@ -13,7 +14,6 @@ SERVE_OWN_FLAGS = {"--model-path"}  # k3 serve's own flag (also an SGLang flag)
 
 @pytest.fixture(scope="module")
 def sglang_options() -> set[str]:
-    server_args = pytest.importorskip("sglang.srt.server_args")
     parser = argparse.ArgumentParser()
     server_args.ServerArgs.add_cli_args(parser)
     return {s for action in parser._actions for s in action.option_strings}
@@ -38,7 +38,6 @@ def test_rendered_flags_exist_in_server_args(sglang_options):
 
 
 def test_flag_values_parse_with_server_args(sglang_options):
-    server_args = pytest.importorskip("sglang.srt.server_args")
     parser = argparse.ArgumentParser()
     server_args.ServerArgs.add_cli_args(parser)
     for _, text in scripts():

@@ -10,7 +10,7 @@ import pytest
 
 from k3_sglang.router.app import create_app, router_state
 from k3_sglang.router.config import PolicyConfig, ReliabilityConfig, RouterConfig, WorkerSpec
-from k3_sglang.router.mock_worker import MockState, create_mock_app
+from k3_sglang.tooling.router.mock_worker import MockState, create_mock_app
 from k3_sglang.router.threaded import ServerThread
 
 FAST_RELIABILITY = ReliabilityConfig(

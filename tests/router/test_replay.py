@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from k3_sglang.router.config import PolicyConfig
-from k3_sglang.router.replay import run_replay
-from k3_sglang.router.replay_sim import FleetSpec, label_sessions, load_trace, parse_trace_line
-from k3_sglang.router.trace_gen import default_shape, generate, write_trace
+from k3_sglang.tooling.router.replay import run_replay
+from k3_sglang.tooling.router.replay_sim import FleetSpec, label_sessions, load_trace, parse_trace_line
+from k3_sglang.tooling.router.trace_gen import default_shape, generate, write_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "router"
 COMMITTED = {"shared-prompt": ("shared-prompt-300.jsonl", 300), "tool-agent": ("tool-agent-200.jsonl", 200)}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from k3_sglang.router.config import PolicyConfig
-from k3_sglang.router.mock_worker import MockState
+from k3_sglang.tooling.router.mock_worker import MockState
 
 pytestmark = pytest.mark.timeout(60)
 MODEL = "mock-k3"

@@ -6,7 +6,7 @@ import pytest
 
 from k3_sglang.spec.cost import (SCHEMA, AdditiveCost, AffineCost, StaircaseCost, load_cost, load_cost_with_meta,
                                  save_cost, step_seconds)
-from k3_sglang.spec.cost_fit import StepSample, fit_affine, relative_residuals
+from k3_sglang.tooling.spec.cost_fit import StepSample, fit_affine, relative_residuals
 
 TRUE = AffineCost(c0=0.012, c_req=0.0004, c_tok=0.00085, c_lmax=0.0021, d0=0.011, d_req=0.0009)
 
@@ -128,8 +128,9 @@ def test_save_load_round_trip(tmp_path):
 
 
 def _sgl_sps():
-    sps = pytest.importorskip("sglang.srt.speculative.dspark_components.dspark_sps")
-    return sps
+    from sglang.srt.speculative.dspark_components import dspark_sps  # a hard import: a moved module fails, not skips
+
+    return dspark_sps
 
 
 def test_sglang_sps_tables_load(tmp_path):

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from k3_sglang.spec import sim
+from k3_sglang.tooling.spec import sim
 
 
 @pytest.fixture(scope="module")

@@ -96,11 +96,12 @@ def test_settings_errors(monkeypatch, tmp_path):
         SpecSettings.from_env()
     monkeypatch.setenv("K3_SPEC_VERIFY_MODE", "static")
     monkeypatch.setenv("K3_SPEC_DRAFTER", "controlled")
+    SpecSettings.from_env()  # a value check passes; the controlled drafter's oracle is a readiness check
     with pytest.raises(ValueError, match="needs K3_SPEC_ORACLE"):
-        SpecSettings.from_env()
+        SpecSettings.from_env().ready()
     monkeypatch.setenv("K3_SPEC_ORACLE", str(tmp_path / "missing.jsonl"))
     with pytest.raises(ValueError, match="no such file"):
-        SpecSettings.from_env()
+        SpecSettings.from_env().ready()
     monkeypatch.setenv("K3_SPEC_FORCE_VERIFY_LEN", "0")
     monkeypatch.setenv("K3_SPEC_DRAFTER", "lookup")
     with pytest.raises(ValueError, match="K3_SPEC_FORCE_VERIFY_LEN must be >= 1"):

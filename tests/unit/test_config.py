@@ -85,7 +85,7 @@ def _mutated(path: list[str], value):
     (["text_config", "linear_attn_config", "full_attn_layers"], [4, 8], "full_attn_layers"),
     (["text_config", "linear_attn_config", "gate_lower_bound"], 1.0, "gate_lower_bound"),
     (["text_config", "topk_method"], "greedy", "topk_method"),
-    (["text_config", "quantization_config", "format"], "nvfp4", "quantization_config.format"),
+    (["text_config", "linear_attn_config", "num_heads"], KeyError, "linear_attn_config.num_heads"),
     (["text_config", "moe_intermediate_size"], 48, "moe_intermediate_size"),
 ])
 def test_invalid_configs_name_the_field(path, value, field):

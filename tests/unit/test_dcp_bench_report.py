@@ -1,8 +1,8 @@
 """`k3 bench dcp`'s tables from measured cells (pure): medians, the read ratio by the busiest rank, capacity."""
 from __future__ import annotations
 
-from k3_sglang.bench.dcp import Cell
-from k3_sglang.bench.dcp_report import summarize
+from k3_sglang.tooling.bench.dcp import Cell
+from k3_sglang.tooling.bench.dcp_report import summarize
 
 
 def test_summary_reports_step_and_read_ratios_and_capacity():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import datetime
 
-from k3_sglang.bench.pp_prefill import CONFIGS, Run, ServerNotes
-from k3_sglang.bench.pp_prefill_report import write_report
+from k3_sglang.tooling.bench.pp_prefill import CONFIGS, Run, ServerNotes
+from k3_sglang.tooling.bench.pp_prefill_report import write_report
 from k3_sglang.parallel.pipeline_trace import PipelineTiming
 
 

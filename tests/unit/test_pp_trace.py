@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from k3_sglang.parallel.pipeline_trace import Span, StageTrace, StageTraceSettings, pipeline_timing, read_spans
+from k3_sglang.model.settings import WorkerSettings
+from k3_sglang.parallel.pipeline_trace import Span, StageTrace, pipeline_timing, read_spans
 
 MS = 1_000_000
 
@@ -42,9 +43,9 @@ def test_window_filters_and_mismatched_chunk_counts_fail():
 
 def test_stage_files_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("K3_STAGE_TRACE", str(tmp_path / "trace"))
-    directory = StageTraceSettings.from_env().directory
+    directory = WorkerSettings.from_env().stage_trace
     StageTrace(directory, 4).record(5, 9, 100, "extend")
     StageTrace(directory, 0).record(1, 4, 100, "extend")
     assert read_spans(directory) == {0: [Span(0, 1, 4, 100, "extend")], 4: [Span(4, 5, 9, 100, "extend")]}
     monkeypatch.setenv("K3_STAGE_TRACE", "")
-    assert StageTraceSettings.from_env().directory is None
+    assert WorkerSettings.from_env().stage_trace is None

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from k3_sglang.bench import profile_verify as pv
-from k3_sglang.bench import verify as vb
-from k3_sglang.bench import verify_report as vr
+from k3_sglang.tooling.bench import profile_verify as pv
+from k3_sglang.tooling.bench import verify as vb
+from k3_sglang.tooling.bench import verify_report as vr
 
 
 def _has_repeated_span(ids: list[int], span: int = 12) -> bool:

@@ -21,12 +21,13 @@ from typing import Sequence
 
 from k3_sglang.spec.drafters.base import DraftBlock, DraftRequest, check_gamma, check_observation
 from k3_sglang.spec.drafters.calibrate import BetaBucketCalibrator, CalibratorConfig
+from k3_sglang.spec.settings import DEFAULT_LOOKUP_WINDOW
 
 
 # 65,536 end positions x 6 n-gram sizes: about 60 MB per request at most, whatever the context length (about 155 bytes
 # per entry with the token list, tests/spec/test_drafters_lookup.py; measured 56 MB for a 200K-token context, where
 # the whole-context index would hold about 3x that).
-DEFAULT_WINDOW = 65536
+DEFAULT_WINDOW = DEFAULT_LOOKUP_WINDOW  # K3_SPEC_LOOKUP_WINDOW's default
 
 
 @dataclass(frozen=True)

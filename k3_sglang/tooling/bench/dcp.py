@@ -1,0 +1,115 @@
+"""`k3 bench dcp`: decode with the MLA KV striped over DCP ranks against the same ranks without DCP.
+
+Two servers of the tiny K3 (bf16, `k3 serve` defaults), both TP2 on the two cores so that only DCP differs:
+`dcp1` (--tp-size 2: every rank holds every token's latent row) and `dcp2` (--tp-size 2 --dcp-size 2: token p on
+rank p mod 2). At each context length, in rounds alternating the servers, one fresh prompt is prefilled and
+--decode-tokens generated; reported per server (medians over rounds):
+- decode step time (streamed tokens after the first, wall clock);
+- KV rows read per rank per MLA decode call, counted from the rows each rank's attention kernel was handed
+  (K3_KV_READ_TRACE, k3_sglang/model/kv_read_trace.py), and the bytes they hold;
+- logical KV capacity from each server's /get_server_info on the same per-rank pool (--max-total-tokens).
+Writes docs/bench-dcp.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+DOC = Path("docs/bench-dcp.md")
+
+
+@dataclass(frozen=True)
+class DcpConfig:
+    name: str
+    dcp: int
+    tp: int = 2
+
+
+CONFIGS = (DcpConfig("dcp1", 1), DcpConfig("dcp2", 2))
+
+
+@dataclass
+class Cell:
+    """Measurements of one server at one context length (one entry per round)."""
+
+    step_ms: list[float] = field(default_factory=list)
+    rows_per_rank: list[list[float]] = field(default_factory=list)  # per round: rows / decode call, per rank
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 32768, 65536],
+                        help="context lengths (prompt tokens) to decode at")
+    parser.add_argument("--decode-tokens", type=int, default=32, help="tokens generated per request")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds (medians are reported)")
+    parser.add_argument("--pool-tokens", type=int, default=131072, help="--max-total-tokens per rank (both servers)")
+    parser.add_argument("--out", default=str(DOC), help="report (default docs/bench-dcp.md; '-': none)")
+
+
+def _decode_rows(trace_dir: Path, tp: int, marks: list[int]) -> tuple[list[float], list[int]]:
+    """Mean rows per decode call on each rank since line marks[r], and the new line counts."""
+    from k3_sglang.model.kv_read_trace import read_rows
+
+    per_rank, new_marks = [], []
+    for r in range(tp):
+        path = trace_dir / f"rank{r}.txt"
+        records = read_rows(path, marks[r])
+        decode = [rows for mode, rows in records if mode == "decode"]
+        per_rank.append(statistics.mean(decode) if decode else 0.0)
+        new_marks.append(marks[r] + len(records))
+    return per_rank, new_marks
+
+
+def run(args: argparse.Namespace) -> int:
+    from k3_sglang.tooling.bench.long_context import _one, _prompt
+    from k3_sglang.cli import CliError
+    from k3_sglang.model.kv_read_trace import ENV
+    from k3_sglang.serving.process import K3ServerProcess
+
+    if min(args.contexts) < 64 or args.decode_tokens < 2 or args.repeats < 1:
+        raise CliError("--contexts must be >= 64 tokens, --decode-tokens >= 2 and --repeats >= 1")
+    if max(args.contexts) + args.decode_tokens + 64 > args.pool_tokens:
+        raise CliError(f"--pool-tokens {args.pool_tokens} must hold the longest context plus the decoded tokens")
+    started = datetime.datetime.now(datetime.timezone.utc)
+    work = Path(tempfile.mkdtemp(prefix="k3-bench-dcp-"))
+    servers, capacity = {}, {}
+    cells = {(c.name, n): Cell() for c in CONFIGS for n in args.contexts}
+    try:
+        for c in CONFIGS:
+            trace = work / f"trace-{c.name}"
+            flags = ["--tp-size", str(c.tp), "--max-total-tokens", str(args.pool_tokens)]
+            if c.dcp > 1:
+                flags += ["--dcp-size", str(c.dcp)]
+            servers[c.name] = K3ServerProcess(flags, work / f"serve-{c.name}.log", env={ENV: str(trace)}).start(
+                timeout_s=900)
+            info = httpx.get(servers[c.name].url + "/get_server_info", timeout=30).json()
+            capacity[c.name] = int(info["max_total_num_tokens"])
+            _one(servers[c.name].url, _prompt(256, 1), 4)  # warm-up
+        marks = {c.name: [0] * c.tp for c in CONFIGS}
+        for r in range(args.repeats):
+            for i, n in enumerate(args.contexts):
+                ids = _prompt(n, 7000 + 100 * r + i)  # the same prompt for both servers
+                for c in CONFIGS:
+                    _, marks[c.name] = _decode_rows(work / f"trace-{c.name}", c.tp, marks[c.name])
+                    _, tps = _one(servers[c.name].url, ids, args.decode_tokens)
+                    rows, marks[c.name] = _decode_rows(work / f"trace-{c.name}", c.tp, marks[c.name])
+                    cell = cells[(c.name, n)]
+                    cell.step_ms.append(1000.0 / tps)
+                    cell.rows_per_rank.append(rows)
+                    print(f"round {r + 1} {n:>6} tokens {c.name}: decode step {1000 / tps:7.1f} ms, KV rows read per "
+                          f"rank per MLA call {', '.join(f'{x:.0f}' for x in rows)}", flush=True)
+    finally:
+        for s in servers.values():
+            s.stop()
+    from k3_sglang.tooling.bench.dcp_report import summarize, write_report
+
+    summary = summarize(cells, args.contexts, capacity)
+    print(summary)
+    if str(args.out) != "-":
+        write_report(Path(args.out), started, args, summary)
+    return 0
