@@ -166,7 +166,7 @@ def route_request_of(state: RouterState, facts: RequestFacts) -> RouteRequest:
         session_id, source = state.core.identify(facts.session_keys)
     state.metrics.count(state.metrics.sessions_found, source)
     return RouteRequest(session_id, facts.context_tokens, facts.growth_tokens, facts.session_keys,
-                        facts.explicit_session is None)
+                        facts.explicit_session is None, facts.token_ids)
 
 
 def unavailable_after_failures(failures: list[AttemptFailed]) -> RouterHTTPError:

@@ -38,6 +38,7 @@ class RequestFacts:
     session_keys: tuple[int, ...]
     model: str | None
     stream: bool
+    token_ids: list[int] | None = None  # the prompt's token ids, when the request carries them
 
 
 def message_text(content: Any) -> str:
@@ -108,6 +109,7 @@ def request_facts(path: str, headers: Mapping[str, str], body: Any, cfg: PolicyC
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     check_body(path, body)
+    ids = None
     if path.endswith("/chat/completions"):
         chars, hashes, keys = _chat_prefixes(check_messages(body.get("messages")), cfg)
         context = max(1, int(chars / cfg.chars_per_token))
@@ -126,5 +128,5 @@ def request_facts(path: str, headers: Mapping[str, str], body: Any, cfg: PolicyC
     model = body.get("model")
     return RequestFacts(
         explicit[0] if explicit else None, explicit[1] if explicit else "", context, _growth(body, cfg),
-        hashes, keys, model if isinstance(model, str) else None, bool(body.get("stream")),
+        hashes, keys, model if isinstance(model, str) else None, bool(body.get("stream")), ids,
     )
