@@ -93,6 +93,7 @@ class PolicyConfig:
     kv_events: bool = True           # subscribe to the KV events a worker advertises (event_subscriber.py)
     event_index_blocks: int = 4_000_000  # per worker; past it the index empties itself (partial)
     event_replay_timeout_s: float = 2.0
+    max_retain_s: float = 3600.0     # longest session retention forwarded (longer asks are clamped)
 
     def __post_init__(self) -> None:
         if self.admission not in ("reject", "queue"):

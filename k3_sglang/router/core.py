@@ -191,11 +191,12 @@ class RouterCore:
         cap = int(worker.kv_capacity * (1.0 - self.policy.kv_headroom))
         if is_home:
             worker.idle_sessions.pop(request.session_id, None)  # never evict the session being placed
-        self.fleet.make_room(worker.worker_id, need - own, not is_home, cap)
+        self.fleet.make_room(worker.worker_id, need - own, not is_home, cap, now)
         if decision.kind == MOVE:
             log.info("session %s moves to %s: %s", request.session_id, worker.worker_id, decision.reason)
         record = self.fleet.bind(request.session_id, worker.worker_id, need, now)
         record.context_tokens = request.context_tokens
+        record.retain_s = request.retain_s
         self.prefix.insert(prefix_hashes, worker.bit)
         if record_identity:
             self.sessions.record(request.session_id, request.session_keys, move_tip=request.derived)

@@ -12,7 +12,8 @@ The feed's states:
 On a gap (first seq above the expected one, including a first batch > 0: events sent before we subscribed)
 `on_live` returns the seq to replay from and buffers live batches until `on_replay` (or `replay_failed`).
 A seq below the expected one means the publisher restarted (a new process counts from 0): the index is
-emptied and the feed starts over.
+emptied and the feed starts over; except right after a replay, when live copies of replayed batches may still
+be queued (counted as duplicates).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class WorkerEventFeed:
     state: str = NONE
     expected: int | None = None
     replaying_from: int | None = None
+    replayed_upto: int | None = None  # live copies of replayed batches may still be queued: not a restart
     buffered: list = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     problems: list = field(default_factory=list)  # (kind, detail) not yet reported; the I/O layer logs them
@@ -49,10 +51,14 @@ class WorkerEventFeed:
                 self.replay_failed()
             return None
         if self.expected is not None and seq < self.expected:
+            if self.replayed_upto is not None and seq <= self.replayed_upto:
+                self.counts["duplicates"] += 1
+                return None
             self.counts["restarts"] += 1
             self._note("restart", f"seq went back from {self.expected} to {seq}: publisher restarted")
             self.index.clear()
             self.state, self.expected = NONE, None
+        self.replayed_upto = None
         start = 0 if self.expected is None else self.expected
         if seq > start:
             self.counts["gaps"] += 1
@@ -62,25 +68,37 @@ class WorkerEventFeed:
         self._apply(seq, payload)
         return None
 
+    def catch_up(self) -> int | None:
+        """On subscribing: the seq to replay from (0) when nothing was applied yet, so the publisher's history
+        (its buffer) comes first; None when there is nothing to catch up on."""
+        if self.expected is not None or self.replaying_from is not None:
+            return None
+        self.replaying_from = 0
+        return 0
+
     def on_replay(self, batches: list[tuple[int, bytes]]) -> None:
         """The replay socket's answer to `replaying_from` (batches in seq order, END marker excluded)."""
         start = self.replaying_from
         if start is None:
             return
-        wanted = [(s, p) for s, p in batches if s >= start]
-        if not wanted or wanted[0][0] != start:
-            first = wanted[0][0] if wanted else None
-            self._note("replay_short", f"asked replay from seq {start}, the publisher's buffer starts at {first}")
+        merged = sorted(dict([(s, p) for s, p in batches if s >= start] + self.buffered).items())
+        if not merged:  # the publisher has sent nothing yet
+            self.replaying_from = None
+            return
+        if merged[0][0] != start:
+            self._note("replay_short", f"asked replay from seq {start}, the publisher's buffer starts at "
+                                       f"{merged[0][0]}")
             self.replay_failed()
             return
         self.counts["replays"] += 1
-        self.replaying_from, pending, self.buffered = None, self.buffered, []
-        for seq, payload in sorted(wanted + pending, key=lambda b: b[0]):
+        self.replaying_from, self.buffered = None, []
+        for seq, payload in merged:
             if seq < self.expected_or(start):
                 continue  # a live batch the replay also carried
             if seq > self.expected_or(start):
                 self._lose(f"seq {self.expected_or(start)}..{seq - 1} missing after replay")
             self._apply(seq, payload)
+        self.replayed_upto = self.expected - 1 if self.expected is not None else None
 
     def replay_failed(self) -> None:
         """The gap cannot be filled (no replay socket, timeout, buffer overrun): keep only what follows it."""
@@ -95,6 +113,7 @@ class WorkerEventFeed:
         """Forget the worker's cache (it was removed or went down); the next batch starts the feed over."""
         self.index.clear()
         self.state, self.expected, self.replaying_from, self.buffered = NONE, None, None, []
+        self.replayed_upto = None
 
     def expected_or(self, default: int) -> int:
         return default if self.expected is None else self.expected
@@ -138,3 +157,11 @@ class WorkerEventFeed:
     def _note(self, kind: str, detail: str) -> None:
         if len(self.problems) < 64:
             self.problems.append((kind, detail))
+
+
+def event_status(feed: WorkerEventFeed | None) -> dict:
+    """JSON view of a worker's event feed (GET /workers): state, index size and counters."""
+    if feed is None:
+        return {"state": NONE}
+    return {"state": feed.state, "blocks": len(feed.index), "kda_checkpoints": len(feed.index.checkpoints),
+            "next_seq": feed.expected, **dict(feed.counts)}

@@ -151,14 +151,15 @@ class WorkerEventIndex:
                     del self.session_checkpoints[session]
 
     # ---- queries -------------------------------------------------------------------------
-    def match_tokens(self, token_ids: Sequence[int]) -> Resumable:
-        """Resumable prefix of `token_ids` on this worker (0 when the block size is not known yet)."""
+    def match_tokens(self, token_ids: Sequence[int], limit: int | None = None) -> Resumable:
+        """Resumable prefix of `token_ids[:limit]` on this worker (0 when the block size is not known yet)."""
         size = self.block_size
         if not size or not self.checkpoints:
             return NOTHING
         chain, best, device_best, on_device = ROOT_CHAIN, 0, 0, True
         by_chain, blocks, checkpoints = self.by_chain, self.blocks, self.checkpoints
-        for start in range(0, len(token_ids) - size + 1, size):
+        end = len(token_ids) if limit is None else min(limit, len(token_ids))
+        for start in range(0, end - size + 1, size):
             chain = chain_key(chain, tuple(token_ids[start:start + size]))
             h = by_chain.get(chain)
             if h is None:

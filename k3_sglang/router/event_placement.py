@@ -43,7 +43,8 @@ def event_views(feeds: Mapping[str, WorkerEventFeed], workers: Iterable, session
             continue
         synced = feed.state == SYNCED
         if token_ids:
-            views[worker.bit] = EventView(feed.index.match_tokens(token_ids), synced)
+            # SGLang matches at most len - 1 tokens: the last one is always computed
+            views[worker.bit] = EventView(feed.index.match_tokens(token_ids, len(token_ids) - 1), synced)
         else:
             found = feed.index.session_resumable(session_id) if session_id else NOTHING
             views[worker.bit] = EventView(found, synced and worker.worker_id == home_id)

@@ -46,6 +46,7 @@ class RouteRequest:
     session_keys: tuple[int, ...] = ()
     derived: bool = False
     token_ids: Sequence[int] | None = None  # the prompt's token ids when the request carries them
+    retain_s: float = 0.0  # the session asked its worker to keep its cache this long after the turn
 
 
 @dataclass(frozen=True, slots=True)

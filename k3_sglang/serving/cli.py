@@ -15,8 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from k3_sglang.serving.kv_events_config import KvEventsSettings, hooks_env, kv_events_flags
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE, ServedModel
 from k3_sglang.serving.pd_cpu import missing_transfer_engine, pd_cpu_env, pd_cpu_flags
+from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
 
 DEFAULT_HOST = "127.0.0.1"
@@ -240,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = ServeSettings.from_env()
+        events = KvEventsSettings.from_env()
+        RetentionSettings.from_env()  # read again in SGLang's scheduler (serving/retention.py)
         ModelSettings.from_env()  # the model's K3_* settings, read again in SGLang's workers
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -256,9 +260,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(missing)
     if on_cpu:
         argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
+    argv += kv_events_flags(args.extra_args, events)  # KV events on loopback (serving/kv_events_config.py)
     if model.portable:
         check_portable(argv)
-    env = serving_env(args.extra_args, on_cpu, model.portable)
+    env = hooks_env(serving_env(args.extra_args, on_cpu, model.portable))
     if on_cpu:
         env = pd_cpu_env(args.extra_args, args.host, env)
     command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]

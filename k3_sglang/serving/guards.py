@@ -2,12 +2,19 @@
 
 SGLang 0.5.23 accepts a chat request with n=100000 and then blocks every other request for
 minutes; this middleware rejects such requests before they reach the tokenizer manager, with
-an OpenAI-style 400 body. Everything else passes through untouched (bodies are re-played).
+an OpenAI-style 400 body. It also writes the session fields into the body (`session_fields.py`: the
+`X-Session-Id` as SGLang's `session_id`, a retention into `custom_params`) and refuses a bad retention with a
+400 naming the header or field. Everything else passes through untouched (bodies are re-played).
 """
 
 from __future__ import annotations
 
 import json
+
+import orjson
+
+from k3_sglang.router.retention import BadRetention
+from k3_sglang.serving.session_fields import session_fields
 
 GUARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")
 
@@ -38,9 +45,10 @@ def check_request(path: str, body: object, max_n: int) -> tuple[str, str] | None
 class RequestGuard:
     """ASGI middleware: buffer POST bodies on guarded paths, refuse bad ones, replay the rest."""
 
-    def __init__(self, app, max_n: int):
+    def __init__(self, app, max_n: int, max_retain_s: float = 3600.0):
         self.app = app
         self.max_n = max_n
+        self.max_retain_s = max_retain_s
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") not in GUARDED_PATHS:
@@ -62,6 +70,16 @@ class RequestGuard:
         if refusal is not None:
             await _send_json(send, 400, openai_error(*refusal))
             return
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope.get("headers", ())}
+        try:
+            rewritten = session_fields(scope["path"], body, headers, self.max_retain_s)
+        except BadRetention as exc:
+            await _send_json(send, 400, openai_error(str(exc), exc.param))
+            return
+        if rewritten is not None:
+            raw = orjson.dumps(rewritten)
+            scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers", ()) if k.lower() != b"content-length"]
+                     + [(b"content-length", str(len(raw)).encode())]}
         replayed = False
 
         async def replay():

@@ -14,6 +14,7 @@ import sys
 from k3_sglang.serving.guards import RequestGuard
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
 from k3_sglang.serving.portable_limits import portable_refusals, refusal_message
+from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
 
 
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> None:
         if reasons:
             print(f"k3 serve: error: {refusal_message(reasons)}", file=sys.stderr, flush=True)
             sys.exit(2)
-    http_server.app.add_middleware(RequestGuard, max_n=settings.max_n)
+    http_server.app.add_middleware(RequestGuard, max_n=settings.max_n, max_retain_s=RetentionSettings.from_env().max_s)
     original = http_server.launch_server
 
     def launch_with_ready_line(args, *a, **kw):

@@ -30,6 +30,7 @@ def _assert_same(index: WorkerEventIndex, worker: SimRadixWorker, queries: list[
     seen = []
     for tokens in queries:
         assert index.match_tokens(tokens) == worker.resumable(tokens), tokens
+        assert index.match_tokens(tokens, len(tokens) - 1) == worker.resumable(tokens[:-1]), tokens
         seen.append(worker.resumable(tokens))
     for session in SESSIONS:
         assert index.session_resumable(session) == worker.session_resumable(session), session
@@ -110,6 +111,18 @@ def test_unreplayable_gap_leaves_a_partial_index_without_false_positives(seed: i
         feed.on_live(seq, payload)
     assert feed.state == SYNCED  # an AllBlocksCleared makes the index whole again
     _assert_same(feed.index, worker, _queries(worker, rng, paths, 40))
+
+
+def test_live_copies_of_replayed_batches_are_duplicates_not_a_restart() -> None:
+    rng = random.Random(9)
+    worker, paths, feed = SimRadixWorker(rng, page=1), [], WorkerEventFeed()
+    published = _publish(worker, rng, paths, 12)
+    assert feed.on_live(5, published[5]) == 0  # a late subscriber
+    feed.on_replay([(s, published[s]) for s in range(0, 9)])  # the replay ran ahead of the live stream
+    for seq in range(6, 12):  # the live stream still carries 6..8
+        assert feed.on_live(seq, published[seq]) is None
+    assert feed.counts["duplicates"] == 3 and feed.counts["restarts"] == 0 and feed.state == SYNCED
+    _assert_same(feed.index, worker, _queries(worker, rng, paths, 30))
 
 
 def test_replay_failure_and_buffer_overrun_fall_back_to_partial() -> None:
@@ -206,3 +219,20 @@ def test_decode_checks_every_field() -> None:
     with pytest.raises(MalformedEvents):
         parse_seq(b"\x00\x01")
     assert parse_seq((-1).to_bytes(8, "big", signed=True)) == -1
+
+
+def test_catch_up_on_subscribing() -> None:
+    rng = random.Random(13)
+    worker, paths = SimRadixWorker(rng, page=1), []
+    quiet = WorkerEventFeed()
+    assert quiet.catch_up() == 0 and quiet.catch_up() is None
+    quiet.on_replay([])  # the publisher has sent nothing yet
+    assert quiet.state == NONE and quiet.replaying_from is None
+    published = _publish(worker, rng, paths, 8)
+    feed = WorkerEventFeed()
+    assert feed.catch_up() == 0
+    assert feed.on_live(6, published[6]) is None  # live batches during the replay are buffered
+    feed.on_replay([(s, published[s]) for s in range(6)])
+    feed.on_live(7, published[7])
+    assert feed.state == SYNCED and feed.counts["replays"] == 1 and feed.counts["gaps"] == 0
+    _assert_same(feed.index, worker, _queries(worker, rng, paths, 20))
