@@ -189,3 +189,25 @@ def test_retention_settings_refuse_bad_values(monkeypatch, share):
     monkeypatch.setenv("K3_RETAIN_SHARE", share)
     with pytest.raises(ValueError, match="K3_RETAIN_SHARE"):
         retention.RetentionSettings.from_env()
+
+
+def test_k3_serve_composes_the_kv_events_flag(monkeypatch):
+    import json
+
+    from k3_sglang.serving.kv_events_config import KvEventsSettings, kv_events_flags
+
+    on = KvEventsSettings()
+    flag, value = kv_events_flags(["--port", "1"], on, pick_ports=lambda n: 40000 + n)
+    config = json.loads(value)
+    assert flag == "--kv-events-config" and config["endpoint"] == "tcp://127.0.0.1:40002" and config["bind"] is True
+    assert config["replay_endpoint"] == "tcp://127.0.0.1:40003" and config["publisher"] == "zmq"
+    dp = json.loads(kv_events_flags(["--dp-size", "2"], on, pick_ports=lambda n: 50000)[1])
+    assert (dp["endpoint"], dp["replay_endpoint"]) == ("tcp://127.0.0.1:50000", "tcp://127.0.0.1:50002")
+    assert kv_events_flags(["--kv-events-config", "{}"], on) == []
+    assert kv_events_flags(["--disaggregation-mode", "decode"], on) == []
+    assert kv_events_flags([], KvEventsSettings(enabled=False)) == []
+    monkeypatch.setenv("K3_KV_EVENTS", "maybe")
+    with pytest.raises(ValueError, match="K3_KV_EVENTS"):
+        KvEventsSettings.from_env()
+    monkeypatch.setenv("K3_KV_EVENTS", "off")
+    assert KvEventsSettings.from_env().enabled is False
