@@ -94,6 +94,8 @@ class PolicyConfig:
     event_index_blocks: int = 4_000_000  # per worker; past it the index empties itself (partial)
     event_replay_timeout_s: float = 2.0
     max_retain_s: float = 3600.0     # longest session retention forwarded (longer asks are clamped)
+    prefetch_min_tokens: int = 512   # prefetch when at least this much of a turn's prefix is off the device (0: off)
+    prefetch_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.admission not in ("reject", "queue"):

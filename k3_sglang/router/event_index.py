@@ -33,12 +33,14 @@ def chain_key(parent_chain: int, page: tuple) -> int:
 
 @dataclass(slots=True)
 class Block:
-    """One published block: parent hash, tokens from the root to its end (-1: unknown), chain key, tiers."""
+    """One published block: parent hash, tokens from the root to its end (-1: unknown), chain key, tiers, and
+    its own token ids (to name a prefix to the worker, e.g. for a prefetch)."""
 
     parent: int | None
     depth: int
     chain: int | None
     tiers: int
+    page: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +114,7 @@ class WorkerEventIndex:
             chain = chain_key(chain, event.token_ids[i * size:(i + 1) * size]) if chain is not None else None
             block = self.blocks.get(h)
             if block is None:
-                self.blocks[h] = Block(parent_hash, depth, chain, event.tier)
+                self.blocks[h] = Block(parent_hash, depth, chain, event.tier, event.token_ids[i * size:(i + 1) * size])
                 if chain is not None:
                     self.by_chain[chain] = h
             else:
@@ -171,6 +173,27 @@ class WorkerEventIndex:
                 if on_device and entry[1] & DEVICE:
                     device_best = best
         return Resumable(best, device_best)
+
+    def prefix_tokens(self, block_hash: int) -> list | None:
+        """The token ids from the root to the end of `block_hash`, or None when a block on the way is unknown."""
+        pages = []
+        h: int | None = block_hash
+        while h is not None:
+            block = self.blocks.get(h)
+            if block is None:
+                return None
+            pages.append(block.page)
+            h = block.parent
+        return [token for page in reversed(pages) for token in page]
+
+    def session_checkpoint(self, session_id: str) -> int | None:
+        """The hash of the deepest resumable checkpoint `session_id` stored (any tier), or None."""
+        best, best_tokens = None, 0
+        for h in self.session_checkpoints.get(session_id, ()):
+            tokens = self.checkpoints[h][0]
+            if h in self.blocks and tokens > best_tokens:
+                best, best_tokens = h, tokens
+        return best
 
     def session_resumable(self, session_id: str) -> Resumable:
         """The deepest resumable checkpoint stored by `session_id`'s requests on this worker."""

@@ -76,6 +76,8 @@ class RouterMetrics:
         self.event_counts = Gauge("k3_router_worker_kv_events", "Counters of a worker's KV-event feed (batches, "
                                   "events, gaps, replays, resyncs, malformed, restarts, ...)", ["worker", "counter"],
                                   registry=r)
+        self.prefetches = Counter("k3_router_prefetches", "Prefetch requests sent ahead of a turn whose prefix is "
+                                  "in the host/L3 tier", ["worker"], registry=r)
         self._children: dict[tuple, object] = {}
 
     def count(self, counter: Counter, *labels: str) -> None:

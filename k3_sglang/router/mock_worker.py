@@ -62,6 +62,7 @@ class MockState:
     waiting_uncached_tokens: int = 0
     last_body: bytes = b""
     last_headers: dict = field(default_factory=dict)
+    received: list = field(default_factory=list)  # (path, body) of the latest generation requests, oldest first
     sessions_seen: dict = field(default_factory=dict)
     disaggregation_mode: str = "null"
     bootstrap_port: int = 8998
@@ -199,6 +200,7 @@ def create_mock_app(state: MockState) -> FastAPI:
         path = request.url.path
         state.last_body = await request.body()
         state.last_headers = dict(request.headers)
+        state.received = state.received[-63:] + [(path, state.last_body)]
         body = orjson.loads(state.last_body)
         state.requests += 1
         sid = request.headers.get("x-session-id")

@@ -31,6 +31,7 @@ from k3_sglang.router.errors import RouterHTTPError, sse_error_event
 from k3_sglang.router.fleet import MIXED, Ticket
 from k3_sglang.router.metrics import RouterMetrics
 from k3_sglang.router.policy import MOVE, UNAVAILABLE, Decision, RouteRequest
+from k3_sglang.router.prefetch import plan_prefetch, send_prefetch
 from k3_sglang.router.retention import RETAIN_HEADER
 from k3_sglang.router.session_key import RequestFacts
 
@@ -201,12 +202,28 @@ async def forward(state: RouterState, request: web.Request, body: bytes, facts: 
             if not failures:
                 raise
             break
+        await maybe_prefetch(state, ticket.worker_id, route_request)
         outcome = await _attempt(state, request, body, facts.stream, headers, ticket)
         if isinstance(outcome, web.StreamResponse):
             return outcome
         failures.append(outcome)
         exclude.append(ticket.worker_id)
     raise unavailable_after_failures(failures)
+
+
+async def maybe_prefetch(state: RouterState, worker_id: str, request: RouteRequest) -> None:
+    """Ask the worker to load the turn's prefix from host/L3 first when its events say it is there (prefetch.py);
+    the prefetch is on its way when this returns, and never delays or fails the turn beyond that."""
+    policy = state.config.policy
+    plan = plan_prefetch(state.core.event_feeds.get(worker_id), request.session_id, request.token_ids,
+                         policy.prefetch_min_tokens)
+    if plan is None:
+        return
+    state.metrics.count(state.metrics.prefetches, worker_id)
+    task = asyncio.create_task(send_prefetch(state.control, worker_id, plan, policy.prefetch_timeout_s))
+    state.background.add(task)
+    task.add_done_callback(state.background.discard)
+    await asyncio.sleep(0)  # let it start before the turn is sent
 
 
 async def _attempt(state: RouterState, request: web.Request, body: bytes, stream: bool,

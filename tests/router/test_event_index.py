@@ -236,3 +236,21 @@ def test_catch_up_on_subscribing() -> None:
     feed.on_live(7, published[7])
     assert feed.state == SYNCED and feed.counts["replays"] == 1 and feed.counts["gaps"] == 0
     _assert_same(feed.index, worker, _queries(worker, rng, paths, 20))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_prefix_tokens_rebuild_what_a_session_stored(seed: int) -> None:
+    rng = random.Random(4000 + seed)
+    worker, paths, index = SimRadixWorker(rng, page=2), [], WorkerEventIndex()
+    for _ in range(150):
+        for event in decode_batch(encode_batch(random_operation(worker, rng, paths, SESSIONS))).events:
+            index.apply(event)
+    for session in SESSIONS:
+        h = index.session_checkpoint(session)
+        truth = worker.session_resumable(session)
+        if h is None:
+            assert truth.tokens == 0
+            continue
+        tokens = index.prefix_tokens(h)
+        assert len(tokens) == truth.tokens == index.checkpoints[h][0]
+        assert worker.resumable(tokens).tokens == len(tokens)  # the worker resumes exactly that prefix
