@@ -11,7 +11,8 @@ Blocks are identified by the worker's own hashes; to match a request's token ids
 block by a router-side chain over its tokens (`chain_key`), since the worker publishes each block's tokens.
 A block that is present implies its ancestors are (the radix tree evicts leaves first), so a walk stops at
 the first missing block. The index is bounded (`max_blocks`); past the bound it empties itself and reports
-`overflowed`, and the feed treats it as having lost events.
+`overflowed`, and the feed treats it as having lost events. `unit_tokens`: the tokens one published token id
+stands for (1 for SGLang; the trace replay publishes one id per 512-token block), applied to every answer.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ NOTHING = Resumable()
 class WorkerEventIndex:
     """Blocks and KDA checkpoints one worker holds, per its events."""
 
-    def __init__(self, max_blocks: int = 4_000_000) -> None:
+    def __init__(self, max_blocks: int = 4_000_000, unit_tokens: int = 1) -> None:
         self.max_blocks = max(1, int(max_blocks))
+        self.unit_tokens = unit_tokens
         self.blocks: dict[int, Block] = {}
         self.by_chain: dict[int, int] = {}
         self.checkpoints: dict[int, tuple[int, int]] = {}  # block hash -> (tokens, tiers)
@@ -172,7 +174,7 @@ class WorkerEventIndex:
                 best = start + size
                 if on_device and entry[1] & DEVICE:
                     device_best = best
-        return Resumable(best, device_best)
+        return Resumable(best * self.unit_tokens, device_best * self.unit_tokens)
 
     def prefix_tokens(self, block_hash: int) -> list | None:
         """The token ids from the root to the end of `block_hash`, or None when a block on the way is unknown."""
@@ -204,5 +206,5 @@ class WorkerEventIndex:
             if block is None:
                 continue
             device = tokens if tiers & DEVICE and block.tiers & DEVICE else 0
-            best = best.better(Resumable(tokens, device))
+            best = best.better(Resumable(tokens * self.unit_tokens, device * self.unit_tokens))
         return best

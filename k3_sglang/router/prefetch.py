@@ -54,7 +54,7 @@ def plan_prefetch(feed: WorkerEventFeed | None, session_id: str, token_ids: Sequ
         h = index.session_checkpoint(session_id)
         prefix = index.prefix_tokens(h) if h is not None else None
     off_device = found.tokens - found.device_tokens
-    if off_device < min_tokens or not prefix or len(prefix) != found.tokens:
+    if off_device < min_tokens or not prefix or len(prefix) * index.unit_tokens != found.tokens:
         return None
     return PrefetchPlan(prefix, off_device, session_id)
 
