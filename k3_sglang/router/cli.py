@@ -209,7 +209,7 @@ def run_replay_command(args: argparse.Namespace) -> int:
     if not args.no_write:
         given = sys.argv[1:]
         command = "k3 " + " ".join(shlex.quote(a) for a in given) if given[:2] == ["router", "replay"] \
-            else f"k3 router replay {args.trace}"
+            else f"k3 router replay {args.trace}" + (" --events" if args.events else "")
         report(rows, samples, spec, args.trace, command, args.docs_dir, args.section)
     print(json.dumps(rows, indent=2) if args.json else markdown_table(rows))
     return 0
