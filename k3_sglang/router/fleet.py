@@ -171,18 +171,28 @@ class Fleet:
         """Evict idle sessions on a worker (least recently used first, sessions retained at `now` last) until
         `need` fits; return count."""
         worker = self.workers[worker_id]
-        evicted = 0
-        for retained_pass in (False, True):  # retained sessions go last (their worker keeps their cache)
-            for sid in list(worker.idle_sessions):
-                if not (worker.resident_tokens + need_tokens > capacity_tokens
-                        or (need_slot and worker.resident_sessions + 1 > worker.state_slots)):
-                    break
+        idle = worker.idle_sessions
+
+        def full() -> bool:
+            return (worker.resident_tokens + need_tokens > capacity_tokens
+                    or (need_slot and worker.resident_sessions + 1 > worker.state_slots))
+
+        evicted, retained = 0, []
+        for spare_retained in (True, False):  # retained sessions go last (their worker keeps their cache)
+            while idle and full():
+                sid, _ = idle.popitem(last=False)
                 record = self.sessions.get(sid)
                 if record is None:
-                    worker.idle_sessions.pop(sid, None)
-                elif (record.retain_until > now) == retained_pass:
-                    self._unbind(record)
-                    evicted += 1
+                    continue
+                if spare_retained and record.retain_until > now:
+                    retained.append(sid)
+                    continue
+                self._unbind(record)
+                evicted += 1
+            for sid in reversed(retained):  # back at the front, in their order
+                idle[sid] = None
+                idle.move_to_end(sid, last=False)
+            retained = []
         self.evictions += evicted
         return evicted
 

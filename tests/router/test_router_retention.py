@@ -61,3 +61,37 @@ def test_retained_session_is_evicted_last_and_never_expires_while_retained():
     assert bound == {"kept", "new"}
     assert core.expire_sessions(50.0) == 2 and set(core.fleet.sessions) == {"kept"}  # the others passed their TTL
     assert core.expire_sessions(120.0) == 1 and not core.fleet.sessions  # retention over: expires as usual
+
+
+def test_make_room_order_against_a_brute_force_model():
+    """Random idle sessions, some retained: evicted are the least recently used unretained ones first, then the
+    least recently used retained ones, exactly as many as needed."""
+    import random
+
+    from k3_sglang.router.fleet import Fleet
+
+    rng = random.Random(3)
+    for _ in range(200):
+        fleet = Fleet(1e9)
+        fleet.add_worker("w", 10_000, 1_000, 1.0)
+        order = []
+        for i in range(rng.randint(1, 30)):
+            sid, tokens = f"s{i}", rng.randint(1, 300)
+            record = fleet.bind(sid, "w", tokens, float(i))
+            record.retain_until = 50.0 if rng.random() < 0.3 else 0.0
+            fleet.workers["w"].idle_sessions[sid] = None
+            order.append((sid, tokens, record.retain_until > 10.0))
+        used = sum(t for _, t, _ in order)
+        need = rng.randint(0, 100)
+        capacity = used + need - rng.randint(0, used)  # up to every idle session must go
+        evicted = fleet.make_room("w", need, False, capacity, now=10.0)
+        gone = [sid for sid, _, _ in order if fleet.sessions[sid].worker_id is None]
+        truth, left = [], used
+        for sid, tokens, _ in [o for o in order if not o[2]] + [o for o in order if o[2]]:
+            if left + need <= capacity:
+                break
+            truth.append(sid)
+            left -= tokens
+        assert sorted(gone) == sorted(truth) and evicted == len(truth)
+        remaining = list(fleet.workers["w"].idle_sessions)
+        assert remaining == [sid for sid, _, _ in order if sid not in truth]  # the rest keep their LRU order
