@@ -8,7 +8,7 @@ turns together; each turn resends the session's history (its previous prompt and
 (pool/50). Between rounds a burst of `--burst` unrelated requests (pool/4 tokens each) goes through the router,
 enough to evict idle sessions from the workers' pools. The retention arm's sessions ask for
 `X-Session-Retain-S`; the workers keep up to `K3_RETAIN_SHARE` (0.6 here) of their pool for them. The workers
-run without HiCache, so no prefix is ever in a host tier and the prefetch never fires (said in the report).
+run without HiCache, so no prefix is ever in a host tier and the prefetch never fires here.
 Before each arm both workers' caches are flushed and a fresh router starts. Measured per session turn, from
 the client: time to the first streamed token (through the router) and the worker's `cached_tokens`.
 """
@@ -166,7 +166,8 @@ def _write(args: argparse.Namespace, table: str) -> None:
             "engineers' jobs shared the cores, so compare the arms of one run, not runs).\n\n"
             f"Command: `k3 bench kv-events --sessions {args.sessions} --turns {args.turns} --burst {args.burst} "
             f"--pool-tokens {args.pool_tokens} --retain-s {args.retain_s:g} --seed {args.seed}`\n\n"
-            + (__doc__.split("\n\n", 1)[1]) + "\n" + table + "\n")
+            + (__doc__.split("\n\n", 1)[1]) + "\n" + table + "\n\n"
+            f"{args.sessions * args.turns} session turns per arm: a p99 is (nearly) the slowest turn.\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(f"wrote {args.out}")
