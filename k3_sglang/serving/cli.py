@@ -139,8 +139,9 @@ def check_dynamic_chunking(model_path: Path, extra: list[str]) -> None:
 
 
 def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu: bool,
-                portable: bool = True) -> list[str]:
-    """SGLang's command line: ours (host, port, the defaults the user did not override), then the user's flags."""
+                portable: bool = True, own_flags: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """SGLang's command line: ours (host, port, the defaults the user did not override, `own_flags`), then the
+    user's flags."""
     argv = ["--model-path", str(model_path), "--host", host, "--port", str(port)]
     defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if portable else {}), **(CPU_DEFAULTS if on_cpu else {})}
     dcp = int(_flag_value(extra, "--dcp-size", _flag_value(extra, "--decode-context-parallel-size", "1")))
@@ -158,7 +159,7 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
             argv += [flag, value]
     flags = COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (CPU_FLAGS if on_cpu else ()) + dcp_flags
     argv += [f for f in flags if not _has_flag(extra, f)]
-    return argv + extra
+    return argv + list(own_flags) + extra
 
 
 # Under DCP SGLang's radix pages are page_size x dcp_size tokens, and its KDA prefix cache then needs state
@@ -254,13 +255,14 @@ def run(args: argparse.Namespace) -> int:
     check_dynamic_chunking(model_path, args.extra_args)
     on_cpu = os.environ.get("SGLANG_PLATFORM") == "k3_cpu" or not cuda_available()
     model = served_model(settings, model_path, args.model_path is None, on_cpu)
-    argv = sglang_argv(model_path, args.host, args.port, args.extra_args, on_cpu, model.portable)
+    # KV events on loopback (serving/kv_events_config.py); [] when the user configured them or turned them off
+    argv = sglang_argv(model_path, args.host, args.port, args.extra_args, on_cpu, model.portable,
+                       kv_events_flags(args.extra_args, events))
     missing = missing_transfer_engine(args.extra_args)
     if missing:
         raise CliError(missing)
     if on_cpu:
         argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
-    argv += kv_events_flags(args.extra_args, events)  # KV events on loopback (serving/kv_events_config.py)
     if model.portable:
         check_portable(argv)
     env = hooks_env(serving_env(args.extra_args, on_cpu, model.portable))
