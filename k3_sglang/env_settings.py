@@ -7,7 +7,9 @@ bounds; a bad value is a ValueError naming the variable, e.g. `K3_MAX_N must be 
 
 One model per process kind: `ServeSettings` (serving/settings.py) for the `k3 serve` process, `WorkerSettings`
 (model/settings.py) for SGLang's server processes that run the portable model (K3_CSV's `SpecSettings` is its
-`spec` section). The router, planner and launch renderer read no environment (their input is flags and YAML).
+`spec` section). Two concerns have their own small models, read where they act: `KvEventsSettings`
+(serving/kv_events_config.py, `k3 serve`) and `RetentionSettings` (serving/retention.py, `k3 serve` and SGLang's
+scheduler). The router, planner and launch renderer read no environment (their input is flags and YAML).
 """
 from __future__ import annotations
 

@@ -71,6 +71,18 @@ def _sglang_cpu_hooks():
     return hooks.installed_hooks()
 
 
+def _kv_event_hooks():
+    from k3_sglang.serving import kv_event_hooks
+
+    return kv_event_hooks.installed_hooks()
+
+
+def _retention_hooks():
+    from k3_sglang.serving import retention
+
+    return retention.installed_hooks()
+
+
 HOOK_SETS = (
     HookSet("k3_sglang.serving.launch", "every `k3 serve` process", _launch_hooks, "tests/unit/test_hook_inventory.py"),
     HookSet("k3_sglang.platform_hooks", "k3_cpu platform, portable model", _portable_dcp_hooks,
@@ -83,12 +95,16 @@ HOOK_SETS = (
             "tests/spec/test_pp_hooks.py"),
     HookSet("k3_sglang.sglang_cpu.hooks", "k3_cpu platform, SGLang's own K3", _sglang_cpu_hooks,
             "tests/unit/test_sglang_cpu_hooks.py"),
+    HookSet("k3_sglang.serving.kv_event_hooks", "every `k3 serve` process (K3_SERVE_HOOKS)", _kv_event_hooks,
+            "tests/unit/test_kv_event_hooks.py"),
+    HookSet("k3_sglang.serving.retention", "every `k3 serve` process (K3_SERVE_HOOKS)", _retention_hooks,
+            "tests/unit/test_kv_event_hooks.py"),
 )
 
 # SGLang extension points used (registries SGLang offers): (what, where, owner).
 REGISTRIES = (
     ("platform `k3_cpu`", "entry-point group sglang.srt.platforms", "k3_sglang.platform"),
-    ("general plugins `k3_portable_dcp`, `k3_spec`, `k3_sglang_k3_cpu`", "entry-point group sglang.srt.plugins",
+    ("general plugins `k3_portable_dcp`, `k3_spec`, `k3_sglang_k3_cpu`, `k3_session_cache`", "entry-point group sglang.srt.plugins",
      "pyproject.toml"),
     ("model package `k3_sglang.models`", "SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.serving.cli"),
     ("speculative algorithm `K3_CSV`", "SpeculativeAlgorithm.register", "k3_sglang.spec.plugin"),
@@ -96,6 +112,8 @@ REGISTRIES = (
      "deepseek AttentionBackendRegistry", "k3_sglang.sglang_cpu.mla_backend"),
     ("MoE runner core for the `triton` runner name", "moe_runner.runner.register_moe_runner_core",
      "k3_sglang.sglang_cpu.moe_runner"),
+    ("KV events publisher (`--kv-events-config`)", "SGLang's KVEventsConfig / ZMQ publisher",
+     "k3_sglang.serving.kv_events_config"),
     ("request guard middleware", "http_server.app.add_middleware (FastAPI)", "k3_sglang.serving.launch"),
 )
 

@@ -19,6 +19,7 @@ from aiohttp import web
 from k3_sglang.router.capacity import WorkerReport, fetch_models, fetch_worker_report, resolve_capacity
 from k3_sglang.router.config import ConfigError, WorkerSpec, normalize_worker_url
 from k3_sglang.router.errors import RouterHTTPError
+from k3_sglang.router.event_feed import event_status
 from k3_sglang.router.fleet import leg_session_id
 from k3_sglang.router.health import HealthCounter
 from k3_sglang.router.pd import layout_mismatch
@@ -111,6 +112,7 @@ def describe_worker(state: RouterState, worker_id: str) -> dict[str, Any]:
         "inflight_requests": w.inflight_requests, "reported_waiting_tokens": w.reported_waiting_tokens,
         "reported_waiting_requests": w.reported_waiting_requests,
         "backpressure_s": round(max(0.0, w.backpressure_until - state.now()), 3),
+        "kv_events": event_status(state.core.event_feeds.get(worker_id)),
     }
 
 

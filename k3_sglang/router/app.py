@@ -24,6 +24,7 @@ from k3_sglang.router.admin import add_admin_routes, refresh_capacity, refresh_m
 from k3_sglang.router.config import RouterConfig
 from k3_sglang.router.core import RouterCore
 from k3_sglang.router.errors import HTTP_ERROR_CODES, RouterHTTPError, error_response
+from k3_sglang.router.event_subscriber import events_loop
 from k3_sglang.router.health import health_loop
 from k3_sglang.router.fleet import DECODE, PREFILL
 from k3_sglang.router.metrics import RouterMetrics
@@ -126,6 +127,8 @@ def create_app(config: RouterConfig) -> web.Application:
         tasks = [asyncio.create_task(health_loop(state.control, state.core, state.health, config.reliability,
                                                  state.now, stop)),
                  asyncio.create_task(maintenance_loop(state, stop))]
+        if config.policy.kv_events and not config.disaggregated:
+            tasks.append(asyncio.create_task(events_loop(state, stop)))
         try:
             yield
         finally:

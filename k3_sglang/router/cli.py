@@ -168,11 +168,17 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--docs-dir", default="docs", help="where the table and plot go (default docs/)")
     parser.add_argument("--section", help="docs section and plot name (default: the trace's file name)")
     parser.add_argument("--no-write", action="store_true", help="do not write docs/")
+    parser.add_argument("--events", action="store_true",
+                        help="compare the event-fed arms (text-inferred, event-fed, event-fed + retention + prefetch) "
+                             "on workers that publish KV events, instead of the baselines")
+    parser.add_argument("--retain-s", type=float, default=300.0, help="--events: retention each session asks for")
+    parser.add_argument("--host-factor", type=float, default=1.0,
+                        help="--events: host-tier size as a multiple of the device cache (0: no host tier)")
 
 
 def run_replay_command(args: argparse.Namespace) -> int:
     """Run the replay and print/write its table."""
-    from k3_sglang.tooling.router.replay import markdown_table, report, run_replay
+    from k3_sglang.tooling.router.replay import markdown_table, report, run_replay, section_name
     from k3_sglang.tooling.router.replay_sim import FleetSpec, load_trace
 
     for name in ("workers", "kv_tokens", "state_slots", "prefill_tps", "tpot_ms", "session_ttl"):
@@ -189,11 +195,21 @@ def run_replay_command(args: argparse.Namespace) -> int:
     if not trace:
         raise _cli_error(f"trace {args.trace} has no requests")
     spec = FleetSpec(args.workers, args.kv_tokens, args.state_slots, args.prefill_tps, args.tpot_ms / 1000.0)
-    rows, samples = run_replay(trace, spec, policy_from_overrides(args.policy, session_ttl_s=args.session_ttl))
+    policy = policy_from_overrides(args.policy, session_ttl_s=args.session_ttl)
+    if args.events:
+        from k3_sglang.tooling.router.replay_events import event_arms
+
+        if args.retain_s < 0 or args.host_factor < 0:
+            raise _cli_error("--retain-s and --host-factor must be >= 0")
+        arms = event_arms(args.retain_s, args.host_factor)
+        rows, samples = run_replay(trace, spec, policy, names=list(arms), arms=arms)
+        args.section = args.section or "events-" + section_name(args.trace)
+    else:
+        rows, samples = run_replay(trace, spec, policy)
     if not args.no_write:
         given = sys.argv[1:]
         command = "k3 " + " ".join(shlex.quote(a) for a in given) if given[:2] == ["router", "replay"] \
-            else f"k3 router replay {args.trace}"
+            else f"k3 router replay {args.trace}" + (" --events" if args.events else "")
         report(rows, samples, spec, args.trace, command, args.docs_dir, args.section)
     print(json.dumps(rows, indent=2) if args.json else markdown_table(rows))
     return 0

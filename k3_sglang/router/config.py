@@ -90,6 +90,12 @@ class PolicyConfig:
     queue_timeout_s: float = 10.0
     retry_after_s: int = 5
     backpressure_s: float = 2.0
+    kv_events: bool = True           # subscribe to the KV events a worker advertises (event_subscriber.py)
+    event_index_blocks: int = 4_000_000  # per worker; past it the index empties itself (partial)
+    event_replay_timeout_s: float = 2.0
+    max_retain_s: float = 3600.0     # longest session retention forwarded (longer asks are clamped)
+    prefetch_min_tokens: int = 512   # prefetch when at least this much of a turn's prefix is off the device (0: off)
+    prefetch_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.admission not in ("reject", "queue"):
@@ -97,7 +103,8 @@ class PolicyConfig:
         if not 0.0 <= self.kv_headroom < 1.0:
             raise ConfigError(f"policy.kv_headroom must be in [0, 1), got {self.kv_headroom}")
         for name in ("block_tokens", "chars_per_token", "default_prefill_tokens_per_s", "session_ttl_s",
-                     "max_predicted_ttft_s", "prefix_index_entries", "session_index_keys", "backpressure_s"):
+                     "max_predicted_ttft_s", "prefix_index_entries", "session_index_keys", "backpressure_s",
+                     "event_index_blocks", "event_replay_timeout_s"):
             if _not_number(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ConfigError(f"policy.{name} must be positive, got {getattr(self, name)!r}")
         if _not_number(self.max_waiting_requests) or self.max_waiting_requests < 0:

@@ -10,6 +10,9 @@ on its decode server (the session's home, found by the session index), `route(..
 on a prefill server, under the prefill leg's own session key so the prefill radix cache keeps its
 affinity independently (SMG namespaces its sticky keys per leg the same way). Decode servers run
 without a radix cache, so the prefix index is neither consulted nor fed for them.
+
+Workers that publish KV events (`event_feeds`, fed by event_subscriber.py) are placed by what their events
+say they can resume (event_placement.py), with the text inference as the fall-back; PD legs use inference only.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from dataclasses import dataclass
 
 from k3_sglang.router.breaker import CircuitBreaker
 from k3_sglang.router.config import PolicyConfig, ReliabilityConfig
+from k3_sglang.router.event_feed import WorkerEventFeed
+from k3_sglang.router.event_index import WorkerEventIndex
+from k3_sglang.router.event_placement import event_views
 from k3_sglang.router.fleet import DECODE, MIXED, PREFILL, Fleet, Ticket, WorkerState, leg_session_id
 from k3_sglang.router.policy import MOVE, UNAVAILABLE, Decision, RouteRequest, decide
 from k3_sglang.router.prefill_rate import PrefillRate, informative
@@ -51,6 +57,7 @@ class RouterCore:
         self.sessions = SessionIndex(policy.session_index_keys)
         self.breakers: dict[str, CircuitBreaker] = {}
         self.prefill_rates: dict[str, PrefillRate] = {}
+        self.event_feeds: dict[str, WorkerEventFeed] = {}  # workers that publish KV events (event_feed.py)
         self.placements: Counter[str] = Counter()
         self._new_sessions = 0
 
@@ -73,6 +80,14 @@ class RouterCore:
         self.prefix.forget_worker(state.bit)
         self.breakers.pop(worker_id, None)
         self.prefill_rates.pop(worker_id, None)
+        self.event_feeds.pop(worker_id, None)
+
+    def event_feed(self, worker_id: str) -> WorkerEventFeed:
+        """The KV-event feed of a worker (created empty, state `none`, on first use)."""
+        feed = self.event_feeds.get(worker_id)
+        if feed is None:
+            feed = self.event_feeds[worker_id] = WorkerEventFeed(WorkerEventIndex(self.policy.event_index_blocks))
+        return feed
 
     def eligible_workers(self, now: float, exclude: Sequence[str] = (), role: str = MIXED) -> list[WorkerState]:
         """Workers of `role` a request may go to now: healthy, not refused, not back-pressuring, breaker
@@ -158,7 +173,9 @@ class RouterCore:
         for w in workers:
             mask |= 1 << w.bit
         matched = self.prefix.match(prefix_hashes, mask) if prefix_hashes else {}
-        decision = decide(request, record, workers, matched, self.policy)
+        views = event_views(self.event_feeds, workers, request.session_id, request.token_ids,
+                            record.worker_id if record is not None else None) if self.event_feeds and role == MIXED else None
+        decision = decide(request, record, workers, matched, self.policy, views)
         self.placements[decision.kind] += 1
         if not decision.placed:
             return decision, None
@@ -174,11 +191,12 @@ class RouterCore:
         cap = int(worker.kv_capacity * (1.0 - self.policy.kv_headroom))
         if is_home:
             worker.idle_sessions.pop(request.session_id, None)  # never evict the session being placed
-        self.fleet.make_room(worker.worker_id, need - own, not is_home, cap)
+        self.fleet.make_room(worker.worker_id, need - own, not is_home, cap, now)
         if decision.kind == MOVE:
             log.info("session %s moves to %s: %s", request.session_id, worker.worker_id, decision.reason)
         record = self.fleet.bind(request.session_id, worker.worker_id, need, now)
         record.context_tokens = request.context_tokens
+        record.retain_s = request.retain_s
         self.prefix.insert(prefix_hashes, worker.bit)
         if record_identity:
             self.sessions.record(request.session_id, request.session_keys, move_tip=request.derived)

@@ -13,6 +13,8 @@ A worker has a `role`: `mixed` (prefill and decode on one engine) or, under PD d
 leg's id carries `PREFILL_LEG`), so it sticks to its decode server and, independently, to the
 prefill server whose radix cache holds its prefix. `refusal` names why a worker must not be used
 (it reports another role than it was registered with); such a worker is never eligible.
+A session whose turn asked for retention (`retain_s`) is kept bound until `retain_until`: TTL expiry skips it and
+`make_room` evicts it only after every idle session without one (its worker keeps its cache, retention.py).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class SessionRecord:
     inflight: int = 0
     turns: int = 0
     moves: int = 0
+    retain_s: float = 0.0      # retention the session's latest turn asked for
+    retain_until: float = 0.0  # until then the worker keeps its cache: evicted last, never expired
 
 
 @dataclass(slots=True)
@@ -162,19 +166,33 @@ class Fleet:
             self._unbind(record)
         return record
 
-    def make_room(self, worker_id: str, need_tokens: int, need_slot: bool, capacity_tokens: int) -> int:
-        """Evict idle sessions on a worker (least recently used first) until `need` fits; return count."""
+    def make_room(self, worker_id: str, need_tokens: int, need_slot: bool, capacity_tokens: int,
+                  now: float = 0.0) -> int:
+        """Evict idle sessions on a worker (least recently used first, sessions retained at `now` last) until
+        `need` fits; return count."""
         worker = self.workers[worker_id]
-        evicted = 0
-        while worker.idle_sessions and (
-            worker.resident_tokens + need_tokens > capacity_tokens
-            or (need_slot and worker.resident_sessions + 1 > worker.state_slots)
-        ):
-            sid, _ = worker.idle_sessions.popitem(last=False)
-            record = self.sessions.get(sid)
-            if record is not None:
+        idle = worker.idle_sessions
+
+        def full() -> bool:
+            return (worker.resident_tokens + need_tokens > capacity_tokens
+                    or (need_slot and worker.resident_sessions + 1 > worker.state_slots))
+
+        evicted, retained = 0, []
+        for spare_retained in (True, False):  # retained sessions go last (their worker keeps their cache)
+            while idle and full():
+                sid, _ = idle.popitem(last=False)
+                record = self.sessions.get(sid)
+                if record is None:
+                    continue
+                if spare_retained and record.retain_until > now:
+                    retained.append(sid)
+                    continue
                 self._unbind(record)
                 evicted += 1
+            for sid in reversed(retained):  # back at the front, in their order
+                idle[sid] = None
+                idle.move_to_end(sid, last=False)
+            retained = []
         self.evictions += evicted
         return evicted
 
@@ -185,7 +203,7 @@ class Fleet:
             sid, record = next(iter(self.sessions.items()))
             if record.last_seen + self.session_ttl_s > now:
                 break
-            if record.inflight:
+            if record.inflight or record.retain_until > now:
                 record.last_seen = now
                 self.sessions.move_to_end(sid)
                 continue
@@ -241,6 +259,8 @@ class Fleet:
             return
         record.inflight -= 1
         record.last_seen = now
+        if record.retain_s:
+            record.retain_until = max(record.retain_until, now + record.retain_s)
         if output_tokens is not None and record.worker_id == ticket.worker_id:
             record.context_tokens = max(record.context_tokens, ticket.context_tokens + output_tokens)
         self._settle_idle(record)

@@ -71,6 +71,13 @@ class RouterMetrics:
                                  registry=r)
         self.role_gauges = {name: Gauge(f"k3_router_role_{name}", f"{doc}, summed over the workers of a role",
                                         ["role"], registry=r) for name, doc in _ROLE_GAUGES}
+        self.event_state = Gauge("k3_router_worker_kv_events_state", "1 for the state of a worker's KV-event feed "
+                                 "(none, synced, partial)", ["worker", "state"], registry=r)
+        self.event_counts = Gauge("k3_router_worker_kv_events", "Counters of a worker's KV-event feed (batches, "
+                                  "events, gaps, replays, resyncs, malformed, restarts, ...)", ["worker", "counter"],
+                                  registry=r)
+        self.prefetches = Counter("k3_router_prefetches", "Prefetch requests sent ahead of a turn whose prefix is "
+                                  "in the host/L3 tier", ["worker"], registry=r)
         self._children: dict[tuple, object] = {}
 
     def count(self, counter: Counter, *labels: str) -> None:
@@ -99,6 +106,7 @@ class RouterMetrics:
                 self.worker_gauges[name].labels(w.worker_id).set(value)
         self.sessions.set(len(core.fleet.sessions))
         self._render_roles(core)
+        self._render_events(core)
         return generate_latest(self.registry)
 
     def _render_roles(self, core: RouterCore) -> None:
@@ -121,3 +129,11 @@ class RouterMetrics:
         for role, row in totals.items():
             for name, value in row.items():
                 self.role_gauges[name].labels(role).set(value)
+
+    def _render_events(self, core: RouterCore) -> None:
+        self.event_state.clear()
+        self.event_counts.clear()
+        for worker_id, feed in core.event_feeds.items():
+            self.event_state.labels(worker_id, feed.state).set(1)
+            for name, value in feed.counts.items():
+                self.event_counts.labels(worker_id, name).set(value)

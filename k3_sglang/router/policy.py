@@ -5,7 +5,8 @@ Cost model (docs/router.md has the full derivation):
     need       = context + expected_growth                       KV the session holds after this turn
     feasible_w = active_tokens_w + need <= cap_w                 in-flight work cannot be evicted
                  and inflight_requests_w + 1 <= state_slots_w    one KDA state slot per running request
-    cached_w   = context of the session if it lives on w, else matched prefix blocks * block_tokens
+    cached_w   = context of the session if it lives on w, else matched prefix blocks * block_tokens;
+                 where w's KV events answer, their resumable prefix instead (event_placement.py)
     ttft_w     = (queued_tokens_w + context - cached_w) / prefill_tps_w
     score_w    = ttft_w + B(k_kv) + B(k_slot),  B(k) = kv_barrier_s * k / (1 - k)
     backlog_w  = ttft_w > max_predicted_ttft_s  or  reported_waiting_requests_w >= max_waiting_requests
@@ -20,11 +21,12 @@ with Retry-After, or queues.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from k3_sglang.router.config import PolicyConfig
 from k3_sglang.router.cost_model import kv_barrier_s, move_penalty_s, predicted_ttft_s
+from k3_sglang.router.event_placement import EventView, cached_tokens
 from k3_sglang.router.fleet import SessionRecord, WorkerState
 
 NEW, STAY, MOVE, REJECT, UNAVAILABLE = "new", "stay", "move", "reject", "unavailable"
@@ -43,6 +45,8 @@ class RouteRequest:
     growth_tokens: int
     session_keys: tuple[int, ...] = ()
     derived: bool = False
+    token_ids: Sequence[int] | None = None  # the prompt's token ids when the request carries them
+    retain_s: float = 0.0  # the session asked its worker to keep its cache this long after the turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +86,10 @@ def evaluate(
     record: SessionRecord | None,
     matched_blocks: int,
     cfg: PolicyConfig,
+    view: EventView | None = None,
 ) -> Candidate:
-    """Predict TTFT and score of `request` on `worker` and check both capacity ceilings."""
+    """Predict TTFT and score of `request` on `worker` and check both capacity ceilings (`view`: what the
+    worker's KV events say it can resume, see event_placement)."""
     is_home = record is not None and record.worker_id == worker.worker_id
     need = request.context_tokens + request.growth_tokens
     cap = worker.kv_capacity * (1.0 - cfg.kv_headroom)
@@ -96,6 +102,7 @@ def evaluate(
         cached = min(request.context_tokens, record.context_tokens)
     else:
         cached = min(request.context_tokens, matched_blocks * cfg.block_tokens)
+    cached = cached_tokens(view, cached, request.context_tokens)
     uncached = request.context_tokens - cached
     ttft = predicted_ttft_s(worker.queued_tokens, uncached, worker.prefill_tps)
     own_tokens = record.resident_tokens if is_home else 0
@@ -112,13 +119,17 @@ def decide(
     workers: Iterable[WorkerState],
     matched_blocks: Mapping[int, int],
     cfg: PolicyConfig,
+    views: Mapping[int, EventView] | None = None,
 ) -> Decision:
     """Place a request: lowest score for new sessions, stickiness with a move penalty for follow-ups.
 
     `workers` are the eligible ones (healthy, breaker closed, not excluded by a retry);
-    `matched_blocks` maps worker bit -> leading prefix blocks that worker is predicted to hold.
+    `matched_blocks` maps worker bit -> leading prefix blocks that worker is predicted to hold; `views` maps
+    worker bit -> what its KV events say it can resume (workers without one: inference only).
     """
-    candidates = [evaluate(w, request, record, matched_blocks.get(w.bit, 0), cfg) for w in workers]
+    views = views or {}
+    candidates = [evaluate(w, request, record, matched_blocks.get(w.bit, 0), cfg, views.get(w.bit))
+                  for w in workers]
     if not candidates:
         return Decision(UNAVAILABLE, None, math.inf, 0, request.context_tokens, "no healthy worker")
     feasible = [c for c in candidates if c.feasible]

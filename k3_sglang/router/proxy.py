@@ -31,9 +31,12 @@ from k3_sglang.router.errors import RouterHTTPError, sse_error_event
 from k3_sglang.router.fleet import MIXED, Ticket
 from k3_sglang.router.metrics import RouterMetrics
 from k3_sglang.router.policy import MOVE, UNAVAILABLE, Decision, RouteRequest
+from k3_sglang.router.prefetch import plan_prefetch, send_prefetch
+from k3_sglang.router.retention import RETAIN_HEADER
 from k3_sglang.router.session_key import RequestFacts
 
 FORWARDED_HEADERS = ("Content-Type", "Accept", "X-Request-Id")
+SESSION_HEADER = "X-Session-Id"
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 CLIENT_GONE = (ConnectionError, OSError, RuntimeError)
@@ -55,6 +58,7 @@ class RouterState:
     capacity_freed: asyncio.Event = field(default_factory=asyncio.Event)
     rng: random.Random = field(default_factory=random.SystemRandom)  # PD bootstrap rooms
     background: set = field(default_factory=set)  # PD prefill legs still running after the answer
+    subscriptions: dict = field(default_factory=dict)  # worker -> its KV-event subscription (event_subscriber)
 
     def now(self) -> float:
         """Monotonic clock used for sessions, breakers and the ledger."""
@@ -166,7 +170,7 @@ def route_request_of(state: RouterState, facts: RequestFacts) -> RouteRequest:
         session_id, source = state.core.identify(facts.session_keys)
     state.metrics.count(state.metrics.sessions_found, source)
     return RouteRequest(session_id, facts.context_tokens, facts.growth_tokens, facts.session_keys,
-                        facts.explicit_session is None)
+                        facts.explicit_session is None, facts.token_ids, facts.retain_s or 0.0)
 
 
 def unavailable_after_failures(failures: list[AttemptFailed]) -> RouterHTTPError:
@@ -182,6 +186,9 @@ async def forward(state: RouterState, request: web.Request, body: bytes, facts: 
     """Send a request to the worker its session belongs on, retrying before the first byte."""
     route_request = route_request_of(state, facts)
     headers = upstream_headers(state, request.headers)
+    headers[SESSION_HEADER] = route_request.session_id  # the worker tags its KV events with it
+    if facts.retain_s is not None:
+        headers[RETAIN_HEADER] = f"{facts.retain_s:g}"  # clamped; the worker's guard reads the header first
     reliability = state.config.reliability
     exclude: list[str] = []
     failures: list[AttemptFailed] = []
@@ -195,12 +202,28 @@ async def forward(state: RouterState, request: web.Request, body: bytes, facts: 
             if not failures:
                 raise
             break
+        await maybe_prefetch(state, ticket.worker_id, route_request)
         outcome = await _attempt(state, request, body, facts.stream, headers, ticket)
         if isinstance(outcome, web.StreamResponse):
             return outcome
         failures.append(outcome)
         exclude.append(ticket.worker_id)
     raise unavailable_after_failures(failures)
+
+
+async def maybe_prefetch(state: RouterState, worker_id: str, request: RouteRequest) -> None:
+    """Ask the worker to load the turn's prefix from host/L3 first when its events say it is there (prefetch.py);
+    the prefetch is on its way when this returns, and never delays or fails the turn beyond that."""
+    policy = state.config.policy
+    plan = plan_prefetch(state.core.event_feeds.get(worker_id), request.session_id, request.token_ids,
+                         policy.prefetch_min_tokens)
+    if plan is None:
+        return
+    state.metrics.count(state.metrics.prefetches, worker_id)
+    task = asyncio.create_task(send_prefetch(state.control, worker_id, plan, policy.prefetch_timeout_s))
+    state.background.add(task)
+    task.add_done_callback(state.background.discard)
+    await asyncio.sleep(0)  # let it start before the turn is sent
 
 
 async def _attempt(state: RouterState, request: web.Request, body: bytes, stream: bool,

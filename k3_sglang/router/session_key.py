@@ -20,6 +20,7 @@ from typing import Any
 from k3_sglang.router.body_checks import BadRequest, check_body, check_messages
 from k3_sglang.router.config import PolicyConfig
 from k3_sglang.router.prefix import text_block_hashes, text_prefix_key, token_block_hashes, token_prefix_key
+from k3_sglang.router.retention import BadRetention, requested_retention
 
 SESSION_HEADERS = ("x-session-id", "x-smg-routing-key")
 MAX_SESSION_ID_CHARS = 256
@@ -38,6 +39,8 @@ class RequestFacts:
     session_keys: tuple[int, ...]
     model: str | None
     stream: bool
+    token_ids: list[int] | None = None  # the prompt's token ids, when the request carries them
+    retain_s: float | None = None       # session retention asked for (clamped), router/retention.py
 
 
 def message_text(content: Any) -> str:
@@ -108,6 +111,7 @@ def request_facts(path: str, headers: Mapping[str, str], body: Any, cfg: PolicyC
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     check_body(path, body)
+    ids = None
     if path.endswith("/chat/completions"):
         chars, hashes, keys = _chat_prefixes(check_messages(body.get("messages")), cfg)
         context = max(1, int(chars / cfg.chars_per_token))
@@ -123,8 +127,12 @@ def request_facts(path: str, headers: Mapping[str, str], body: Any, cfg: PolicyC
             hashes = tuple(text_block_hashes(data, cfg.block_chars))
             keys = hashes or (text_prefix_key(data, hashes, len(data), cfg.block_chars),)
     explicit = explicit_session_id(headers, body)
+    try:
+        retain = requested_retention(headers, body, cfg.max_retain_s)
+    except BadRetention as exc:
+        raise BadRequest(str(exc)) from None
     model = body.get("model")
     return RequestFacts(
         explicit[0] if explicit else None, explicit[1] if explicit else "", context, _growth(body, cfg),
-        hashes, keys, model if isinstance(model, str) else None, bool(body.get("stream")),
+        hashes, keys, model if isinstance(model, str) else None, bool(body.get("stream")), ids, retain,
     )

@@ -15,8 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from k3_sglang.serving.kv_events_config import KvEventsSettings, hooks_env, kv_events_flags
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE, ServedModel
 from k3_sglang.serving.pd_cpu import missing_transfer_engine, pd_cpu_env, pd_cpu_flags
+from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
 
 DEFAULT_HOST = "127.0.0.1"
@@ -148,8 +150,9 @@ def check_dynamic_chunking(model_path: Path, extra: list[str]) -> None:
 
 
 def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu: bool,
-                portable: bool = True) -> list[str]:
-    """SGLang's command line: ours (host, port, the defaults the user did not override), then the user's flags."""
+                portable: bool = True, own_flags: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """SGLang's command line: ours (host, port, the defaults the user did not override, `own_flags`), then the
+    user's flags."""
     argv = ["--model-path", str(model_path), "--host", host, "--port", str(port)]
     sglang_cpu = on_cpu and not portable
     defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if portable else {}),
@@ -170,7 +173,7 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
     flags = (COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (SGLANG_CPU_FLAGS if sglang_cpu else ())
              + (CPU_FLAGS if on_cpu else ()) + dcp_flags)
     argv += [f for f in flags if not _has_flag(extra, f)]
-    return argv + extra
+    return argv + list(own_flags) + extra
 
 
 # Under DCP SGLang's radix pages are page_size x dcp_size tokens, and its KDA prefix cache then needs state
@@ -263,6 +266,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = ServeSettings.from_env()
         WorkerSettings.from_env()  # the workers' K3_* settings (K3_SPEC_* values included), read again there
+        events = KvEventsSettings.from_env()
+        RetentionSettings.from_env()  # read again in SGLang's scheduler (serving/retention.py)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if not 0 < args.port < 65536:
@@ -272,7 +277,9 @@ def run(args: argparse.Namespace) -> int:
     check_dynamic_chunking(model_path, args.extra_args)
     on_cpu = os.environ.get("SGLANG_PLATFORM") == "k3_cpu" or not cuda_available()
     model = served_model(settings, model_path, args.model_path is None, on_cpu)
-    argv = sglang_argv(model_path, args.host, args.port, args.extra_args, on_cpu, model.portable)
+    # KV events on loopback (serving/kv_events_config.py); [] when the user configured them or turned them off
+    argv = sglang_argv(model_path, args.host, args.port, args.extra_args, on_cpu, model.portable,
+                       kv_events_flags(args.extra_args, events))
     missing = missing_transfer_engine(args.extra_args)
     if missing:
         raise CliError(missing)
@@ -280,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
         argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
     if model.portable or on_cpu:
         check_served(argv, model.portable)
-    env = serving_env(args.extra_args, on_cpu, model.portable)
+    env = hooks_env(serving_env(args.extra_args, on_cpu, model.portable))
     if on_cpu:
         env = pd_cpu_env(args.extra_args, args.host, env)
     command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]

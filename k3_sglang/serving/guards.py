@@ -13,12 +13,19 @@ What one request starts, in every shape SGLang accepts:
 - sequences = prompts x samples per prompt: at most K3_MAX_SEQUENCES.
 Numbers are read as SGLang's pydantic models read them (3000.0 and "3000" count as 3000); a value that is not a
 number is left to SGLang's own validation.
+The middleware also writes the session fields into the body (`session_fields.py`: the `X-Session-Id` as SGLang's
+`session_id`, a retention into `custom_params`) and refuses a bad retention with a 400 naming the header or field.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+
+import orjson
+
+from k3_sglang.router.retention import BadRetention
+from k3_sglang.serving.session_fields import session_fields
 
 GUARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")
 GUARDED_METHODS = ("POST", "PUT")  # SGLang's /generate takes both
@@ -126,9 +133,10 @@ def check_request(path: str, body: object, limits: SampleLimits) -> tuple[str, s
 class RequestGuard:
     """ASGI middleware: buffer POST/PUT bodies on guarded paths, refuse bad ones, replay the rest."""
 
-    def __init__(self, app, limits: SampleLimits):
+    def __init__(self, app, limits: SampleLimits, max_retain_s: float = 3600.0):
         self.app = app
         self.limits = limits
+        self.max_retain_s = max_retain_s
 
     async def __call__(self, scope, receive, send):
         if (scope.get("type") != "http" or scope.get("method") not in GUARDED_METHODS
@@ -151,6 +159,16 @@ class RequestGuard:
         if refusal is not None:
             await _send_json(send, 400, openai_error(*refusal))
             return
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope.get("headers", ())}
+        try:
+            rewritten = session_fields(scope["path"], body, headers, self.max_retain_s)
+        except BadRetention as exc:
+            await _send_json(send, 400, openai_error(str(exc), exc.param))
+            return
+        if rewritten is not None:
+            raw = orjson.dumps(rewritten)
+            scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers", ()) if k.lower() != b"content-length"]
+                     + [(b"content-length", str(len(raw)).encode())]}
         replayed = False
 
         async def replay():

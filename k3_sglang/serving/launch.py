@@ -16,6 +16,7 @@ from k3_sglang.serving.guards import RequestGuard, SampleLimits
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
 from k3_sglang.serving import sglang_cpu_limits
 from k3_sglang.serving.portable_limits import portable_refusals, refusal_message
+from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
 
 
@@ -43,7 +44,8 @@ def launch_with_ready_line(args, *a, **kw):
 
 def install_guard(app, settings: ServeSettings) -> None:
     """Our request guard (serving/guards.py) in front of SGLang's FastAPI app, with the process's limits."""
-    app.add_middleware(RequestGuard, limits=SampleLimits(settings.max_n, settings.max_sequences))
+    app.add_middleware(RequestGuard, limits=SampleLimits(settings.max_n, settings.max_sequences),
+                       max_retain_s=RetentionSettings.from_env().max_s)
 
 
 def main(argv: list[str]) -> None:

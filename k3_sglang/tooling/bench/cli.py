@@ -16,6 +16,8 @@ BENCH_TARGETS: dict[str, tuple[str, str]] = {
     "kda-prefill": ("k3_sglang.tooling.bench.kda_prefill", "chunked torch KDA vs the per-token recurrence on CPU"),
     "kernels": ("k3_sglang.tooling.bench.kernels", "Triton kernels vs references at K3-full shapes (CUDA only)"),
     "router": ("k3_sglang.tooling.bench.router", "router placement latency, memory and proxy overhead"),
+    "kv-events": ("k3_sglang.tooling.bench.kv_events", "agent sessions over two workers: text-inferred vs event-fed "
+                  "placement vs event-fed + retention + prefetch"),
     "verify": ("k3_sglang.tooling.bench.verify", "no-spec vs verify-all vs confidence-scheduled K3_CSV, concurrency 1-64"),
     "profile-verify": ("k3_sglang.tooling.bench.profile_verify", "K3_CSV verify/decode step cost -> docs/verify-cost-cpu.json"),
 }

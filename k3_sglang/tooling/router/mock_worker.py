@@ -61,6 +61,8 @@ class MockState:
     waiting_reqs: int = 0
     waiting_uncached_tokens: int = 0
     last_body: bytes = b""
+    last_headers: dict = field(default_factory=dict)
+    received: list = field(default_factory=list)  # (path, body) of the latest generation requests, oldest first
     sessions_seen: dict = field(default_factory=dict)
     disaggregation_mode: str = "null"
     bootstrap_port: int = 8998
@@ -70,6 +72,7 @@ class MockState:
     bootstrap_timeout_s: float = 30.0
     pd_cancelled: int = 0
     rooms: list = field(default_factory=list)
+    kv_events: dict | None = None  # what /server_info advertises under `kv_events` (SGLang's publisher block)
 
 
 # PD rooms published by prefill mocks of this process: (bootstrap host, port, room) -> prefill name
@@ -196,6 +199,8 @@ def create_mock_app(state: MockState) -> FastAPI:
     async def generation(request: Request) -> Response:
         path = request.url.path
         state.last_body = await request.body()
+        state.last_headers = dict(request.headers)
+        state.received = state.received[-63:] + [(path, state.last_body)]
         body = orjson.loads(state.last_body)
         state.requests += 1
         sid = request.headers.get("x-session-id")
@@ -251,7 +256,7 @@ def create_mock_app(state: MockState) -> FastAPI:
                              "disaggregation_mode": state.disaggregation_mode, "page_size": state.page_size,
                              "kv_cache_dtype": state.kv_cache_dtype, "dtype": "float32",
                              "disaggregation_bootstrap_port": state.bootstrap_port,
-                             "disaggregation_transfer_backend": "mooncake"})
+                             "disaggregation_transfer_backend": "mooncake", "kv_events": state.kv_events})
 
     @app.get("/v1/loads")
     async def loads() -> Response:

@@ -34,10 +34,14 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def make_policy(name: str, spec: FleetSpec, policy_cfg: PolicyConfig):
-    """Instantiate a replay policy by name."""
+def make_policy(name: str, spec: FleetSpec, policy_cfg: PolicyConfig, arms: dict | None = None):
+    """Instantiate a replay policy by name (`arms`: the event-fed arms of replay_events.py, by name)."""
     if name == "k3_session":
         return SessionPolicy(spec, policy_cfg)
+    if arms and name in arms:
+        from k3_sglang.tooling.router.replay_events import EventFedPolicy
+
+        return EventFedPolicy(spec, policy_cfg, arms[name])
     return BASELINES[name](spec.workers, spec.kv_tokens, spec.prefill_tps)
 
 
@@ -62,12 +66,12 @@ def summarize(result: ReplayResult) -> dict:
 
 
 def run_replay(trace: list[TraceRequest], spec: FleetSpec, policy_cfg: PolicyConfig,
-               names: Sequence[str] = POLICY_NAMES) -> tuple[list[dict], dict[str, list[float]]]:
+               names: Sequence[str] = POLICY_NAMES, arms: dict | None = None) -> tuple[list[dict], dict[str, list[float]]]:
     """Replay the trace under each policy; return table rows and the TTFT samples per policy."""
     rows, samples = [], {}
     labels = label_sessions(trace)
     for name in names:
-        result = simulate(trace, spec, make_policy(name, spec, policy_cfg), labels)
+        result = simulate(trace, spec, make_policy(name, spec, policy_cfg, arms), labels)
         rows.append(summarize(result))
         samples[name] = result.ttfts
     return rows, samples

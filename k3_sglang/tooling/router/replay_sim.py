@@ -127,10 +127,14 @@ class SimEngine:
                 usable = i + 1
         return usable
 
+    def resume(self, t: float, req: TraceRequest, full: int) -> tuple[int, float, float | None]:
+        """(cached tokens, seconds to load them first, when that load may start: None = when the request starts)."""
+        return min(req.input_length, self.usable_hit_blocks(req.hash_ids, full) * BLOCK_TOKENS), 0.0, None
+
     def admit(self, t: float, req: TraceRequest) -> tuple[float, float, int]:
         """Run one request; return (first-token time, finish time, cached tokens)."""
         full = min(len(req.hash_ids), req.input_length // BLOCK_TOKENS)
-        cached = min(req.input_length, self.usable_hit_blocks(req.hash_ids, full) * BLOCK_TOKENS)
+        cached, load_s, load_from = self.resume(t, req, full)
         need = min(req.input_length + req.output_length, self.spec.kv_tokens)
         start = max(t, self.prefill_free_at)
         while self.running and (self.running_tokens + need > self.spec.kv_tokens
@@ -138,7 +142,8 @@ class SimEngine:
             end, tokens = heapq.heappop(self.running)
             self.running_tokens -= tokens
             start = max(start, end)
-        first_token = start + (req.input_length - cached) / self.spec.prefill_tps
+        ready = (start if load_from is None else load_from) + load_s
+        first_token = max(start, ready) + (req.input_length - cached) / self.spec.prefill_tps
         self.prefill_free_at = first_token
         finish = first_token + req.output_length * self.spec.tpot_s
         heapq.heappush(self.running, (finish, need))
@@ -185,11 +190,13 @@ class SessionPolicy:
         if now - self._last_expiry > 10.0:
             self.core.expire_sessions(now)
             self._last_expiry = now
-        keys = req.session_keys
-        session_id = req.session_id or self.core.identify(keys)[0]
-        request = RouteRequest(session_id, req.input_length, req.output_length, keys, req.session_id is None)
-        decision, ticket = self.core.route(request, req.full_blocks, now)
+        session_id = req.session_id or self.core.identify(req.session_keys)[0]
+        decision, ticket = self.core.route(self.request_for(req, session_id), req.full_blocks, now)
         return (self.index[decision.worker_id] if ticket else None), ticket
+
+    def request_for(self, req: TraceRequest, session_id: str) -> RouteRequest:
+        """What placement is told about a trace request."""
+        return RouteRequest(session_id, req.input_length, req.output_length, req.session_keys, req.session_id is None)
 
     def first_byte(self, ticket, now: float) -> None:
         """The simulated worker produced its first token."""
@@ -217,7 +224,8 @@ class ReplayResult:
 def simulate(trace: Sequence[TraceRequest], spec: FleetSpec, policy, labels: Sequence[str] | None = None) -> ReplayResult:
     """Replay `trace` through `policy` on a fresh simulated fleet (`labels`: from `label_sessions`)."""
     labels = label_sessions(trace) if labels is None else labels
-    engines = [SimEngine(spec) for _ in range(spec.workers)]
+    make_engine = getattr(policy, "make_engine", None)  # event-fed policies bring engines that publish events
+    engines = [make_engine(i) if make_engine else SimEngine(spec) for i in range(spec.workers)]
     result = ReplayResult(policy.name)
     events: list = []  # (time, seq, kind, ticket)
     seen_blocks: set[int] = set()
