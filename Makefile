@@ -5,6 +5,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.k3-installed
+PYTEST_ARGS ?= --durations=30
 
 .PHONY: serve test test-slow install system-deps
 
