@@ -61,6 +61,7 @@ for _op, _torch, _triton in [
     ("kda_prefill", "kda.naive_decode:kda_prefill_torch", "kda.chunk:kda_chunk_prefill"),
     ("mla_decode", "mla.decode_torch:mla_decode_absorbed_padded", "mla.decode:mla_decode_absorbed_triton"),
     ("mla_extend", "mla.extend_tiled:mla_extend_tiled", None),
+    ("mla_dcp", "mla.dcp_torch:mla_dcp_attention_torch", "mla.dcp_triton:mla_dcp_attention_triton"),
     ("merge_attention_states", "mla.naive:merge_attention_states", "mla.decode:merge_attention_states_triton"),
     ("attn_res_read", "attn_res.naive:attn_res_read", "attn_res.read:attn_res_read_triton"),
     ("dequant_mxfp4", "mxfp4.naive:dequant_mxfp4", "mxfp4.dequant:dequant_mxfp4_triton"),
@@ -112,6 +113,14 @@ def mla_extend(q_lat, kv_cache, kv_indices, layout, v_dim, scale, *, backend=Non
     """Absorbed MLA extend over each request's cached rows (layout: kernels.mla.extend_layout.ExtendLayout):
     (o_lat [T, Hh, v_dim], lse [T, Hh] fp32). Tiled torch on every device for now."""
     return resolve("mla_extend", q_lat.device, backend)(q_lat, kv_cache, kv_indices, layout, v_dim, scale)
+
+
+def mla_dcp(q_lat, kv_cache, block_table, q_indptr, kv_lens, causal_seqs, page_size, cp_world, cp_rank, v_dim, scale,
+            *, q_len=None, backend=None):
+    """One DCP rank's absorbed MLA over its stripe of a paged cache (kernels/mla/naive.mla_dcp_attention_paged):
+    (o_lat [T, Hh, v_dim], lse [T, Hh] fp32 natural log). q_len: every request holds q_len queries (no host sync)."""
+    return resolve("mla_dcp", q_lat.device, backend)(q_lat, kv_cache, block_table, q_indptr, kv_lens, causal_seqs,
+                                                      page_size, cp_world, cp_rank, v_dim, scale, q_len=q_len)
 
 
 def merge_attention_states(outs, lses, *, backend=None):
