@@ -42,23 +42,27 @@ def _ptr(lens: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _longest(host_lens, device_lens: torch.Tensor, extra: int = 0) -> int:
-    if host_lens is not None and len(host_lens):
-        return int(max(host_lens)) + extra
-    return int(device_lens.max().item()) + extra if device_lens.numel() else 0  # a host sync
+def _longest(lens: torch.Tensor) -> int:
+    """The longest of lens [B], read from the device tensor itself (a host sync), never from SGLang's host copy:
+    under CUDA-graph capture seq_lens_cpu holds a fill value and a table sized from it would stay that short at every
+    replay, so capture is refused explicitly (k3_dcp_mla and the portable model run eagerly)."""
+    if lens.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("k3_dcp_mla: MLA attention cannot run under CUDA-graph capture (its block table is sized "
+                           "from the live seq_lens); serve with --cuda-graph-backend-decode disabled")
+    return int(lens.max()) if lens.numel() else 0
 
 
-def verify_lengths(forward_batch) -> tuple[torch.Tensor, int | None, int]:
-    """(queries per request [B] on the device, q_len when uniform, the longest) of a TARGET_VERIFY forward."""
+def verify_lengths(forward_batch) -> tuple[torch.Tensor, int | None]:
+    """(queries per request [B] on the device, q_len when every request has as many) of a TARGET_VERIFY forward."""
     spec = forward_batch.spec_info
     ragged = getattr(spec, "verify_lens", None)  # K3_CSV: per-request chain lengths (spec/info.py)
     seq = forward_batch.seq_lens
     if ragged is not None:
         ragged = [int(n) for n in ragged]
         lens = torch.tensor(ragged, dtype=seq.dtype, device=seq.device)
-        return lens, (ragged[0] if len(set(ragged)) == 1 else None), max(ragged, default=0)
+        return lens, (ragged[0] if len(set(ragged)) == 1 else None)
     n = int(spec.draft_token_num)
-    return torch.full_like(seq, n), n, n
+    return torch.full_like(seq, n), n
 
 
 def stripe_batch(forward_batch, req_to_token: torch.Tensor, page_size: int, cp_world: int,
@@ -66,21 +70,19 @@ def stripe_batch(forward_batch, req_to_token: torch.Tensor, page_size: int, cp_w
     """The StripeBatch of a DECODE, TARGET_VERIFY or EXTEND forward (see the module docstring)."""
     mode = forward_batch.forward_mode
     seq = forward_batch.seq_lens
-    host_seq = forward_batch.seq_lens_cpu.tolist() if forward_batch.seq_lens_cpu is not None else None
     if mode.is_decode():
         b = seq.shape[0]
         q_indptr = torch.arange(b + 1, dtype=torch.int32, device=seq.device)
-        causal, q_len, longest = seq, 1, _longest(host_seq, seq)
+        causal, q_len = seq, 1
     elif mode.is_target_verify():
-        n, q_len, widest = verify_lengths(forward_batch)
+        n, q_len = verify_lengths(forward_batch)
         q_indptr, causal = _ptr(n), seq + n
-        longest = _longest(host_seq, seq, widest)
     else:
         q_indptr, causal, q_len = _ptr(forward_batch.extend_seq_lens), seq, None
         dcp_meta = getattr(forward_batch, "attn_dcp_metadata", None)
         if cp_world > 1 and dcp_meta is not None and dcp_meta.dcp_kv_buffer is not None:
-            return _gathered_extend(dcp_meta, seq, q_indptr, _longest(host_seq, seq))
-        longest = _longest(host_seq, seq)
+            return _gathered_extend(dcp_meta, seq, q_indptr, _longest(seq))
+    longest = _longest(causal)
     kv_lens = local_key_counts(causal, cp_world, cp_rank)
     local_longest = (longest - cp_rank + cp_world - 1) // cp_world if longest > cp_rank else 0
     num_blocks = max(1, (local_longest + page_size - 1) // page_size)

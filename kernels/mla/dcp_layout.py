@@ -27,9 +27,7 @@ def block_table_from_req_to_token(req_to_token: torch.Tensor, req_pool_indices: 
     from the first position of virtual page j. Entries past a request's length are whatever req_to_token holds there
     (the kernels never read them)."""
     span = page_size * cp_world
-    if num_blocks * span > req_to_token.shape[1]:
-        num_blocks = req_to_token.shape[1] // span
-    firsts = req_to_token[req_pool_indices.long(), : num_blocks * span: span]  # [B, num_blocks]
+    firsts = req_to_token[req_pool_indices.long(), : num_blocks * span: span]  # [B, <= num_blocks] (row width)
     return (firsts // span).to(torch.int32)
 
 
