@@ -28,6 +28,19 @@ def _ready_line(host: str, port: int, model: str) -> str:
     )
 
 
+READY_LINE_TARGET = "sglang.srt.entrypoints.http_server.launch_server"
+_sglang_launch_server = None  # SGLang's own launch_server, set by main() before it is replaced
+
+
+def launch_with_ready_line(args, *a, **kw):
+    """SGLang's `launch_server` with a `launch_callback` that prints our ready line once SGLang reports ready."""
+    def announce():
+        print(_ready_line(args.host, args.port, args.model_path), flush=True)
+
+    kw.setdefault("launch_callback", announce)
+    return _sglang_launch_server(args, *a, **kw)
+
+
 def main(argv: list[str]) -> None:
     from sglang.launch_server import run_server
     from sglang.srt.entrypoints import http_server
@@ -49,15 +62,8 @@ def main(argv: list[str]) -> None:
         print(f"k3 serve: error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
     http_server.app.add_middleware(RequestGuard, max_n=settings.max_n)
-    original = http_server.launch_server
-
-    def launch_with_ready_line(args, *a, **kw):
-        def announce():
-            print(_ready_line(args.host, args.port, args.model_path), flush=True)
-
-        kw.setdefault("launch_callback", announce)
-        return original(args, *a, **kw)
-
+    global _sglang_launch_server
+    _sglang_launch_server = http_server.launch_server
     http_server.launch_server = launch_with_ready_line
     try:
         run_server(server_args)

@@ -13,6 +13,10 @@ from sglang.srt.layers.moe.moe_runner.base import DispatchMoeRunnerCore, MoeRunn
 from sglang.srt.layers.moe.utils import MoeRunnerBackend
 
 RUNNER_NAME = "triton"
+# Below this many multiply-adds for all experts on all tokens, every expert runs densely (one batched GEMM pair,
+# off-route weights zero) instead of one GEMM pair per active expert: small models and short batches are bound by
+# per-op overhead on CPU, not by the E / k extra work.
+DENSE_BUDGET = 1 << 24
 
 
 def gated_activation(x: torch.Tensor, config: MoeRunnerConfig) -> torch.Tensor:
@@ -35,8 +39,8 @@ def gated_activation(x: torch.Tensor, config: MoeRunnerConfig) -> torch.Tensor:
 
 def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                     topk_ids: torch.Tensor, config: MoeRunnerConfig, b13: torch.Tensor | None = None,
-                    b2: torch.Tensor | None = None) -> torch.Tensor:
-    """Routed experts of a batch.
+                    b2: torch.Tensor | None = None, dense_budget: int = DENSE_BUDGET) -> torch.Tensor:
+    """Routed experts of a batch (all experts densely when T * E * 3 * I * D <= dense_budget).
 
     x [T, D]; w13 [E, 2I, D] ([gate; up] rows); w2 [E, D, I]; topk_weights [T, k]; topk_ids [T, k] (ids outside
     [0, E) are another rank's experts and skipped); optional biases b13 [E, 2I], b2 [E, D]. Returns [T, D] (sum over k; [T, k, D] with no_combine) in
@@ -47,6 +51,8 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     T, D = x.shape
     k = topk_ids.shape[1]
     E = w13.shape[0]
+    if T * E * 3 * w2.shape[2] * D <= dense_budget and not config.no_combine:
+        return _dense_experts(x, w13, w2, topk_weights, topk_ids, config, b13, b2)
     flat_ids = topk_ids.reshape(-1).long()
     flat_w = topk_weights.reshape(-1).float()
     routed = ((flat_ids >= 0) & (flat_ids < E)).nonzero().flatten()
@@ -74,6 +80,30 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     if config.no_combine:
         return per_slot
     out = per_slot.float().sum(1)
+    if config.routed_scaling_factor is not None:
+        out = out * config.routed_scaling_factor
+    return out.to(x.dtype)
+
+
+def _dense_experts(x, w13, w2, topk_weights, topk_ids, config, b13, b2) -> torch.Tensor:
+    """grouped_experts for a small batch: every expert on every token (batched GEMMs), combined with a [T, E] weight
+    matrix that is zero off-route (the same per-(token, expert) results; ids outside [0, E) get weight 0)."""
+    T, E = x.shape[0], w13.shape[0]
+    ids = topk_ids.long()
+    routed = (ids >= 0) & (ids < E)
+    weight = torch.zeros(T, E, dtype=torch.float32, device=x.device)
+    weight.scatter_add_(1, ids.clamp(0, E - 1), torch.where(routed, topk_weights.float(), 0.0))
+    xs = x.unsqueeze(0).expand(E, -1, -1)
+    if config.apply_router_weight_on_input:
+        xs = (xs.float() * weight.t()[:, :, None]).to(x.dtype)
+    h = torch.bmm(xs, w13.to(x.dtype).transpose(1, 2))  # [E, T, 2I]
+    if b13 is not None:
+        h = (h.float() + b13.float()[:, None]).to(x.dtype)
+    y = torch.bmm(gated_activation(h.reshape(E * T, -1), config).view(E, T, -1), w2.to(x.dtype).transpose(1, 2))
+    if b2 is not None:
+        y = (y.float() + b2.float()[:, None]).to(x.dtype)
+    scale = torch.ones_like(weight) * (weight != 0) if config.apply_router_weight_on_input else weight
+    out = (y.float() * scale.t()[:, :, None]).sum(0)
     if config.routed_scaling_factor is not None:
         out = out * config.routed_scaling_factor
     return out.to(x.dtype)

@@ -5,6 +5,8 @@ for the duration of one call, so that what SGLang does around it stays SGLang's.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
@@ -103,3 +105,5 @@ def kda_dispatcher_on_cpu(original, self, *args, **kwargs):
     kernel = K3CpuKDAKernel()
     self.triton_kernel = self.decode_kernel = self.verify_kernel = self.extend_kernel = kernel
     self.supports_packed_decode = self.supports_packed_decode_safe_gate = False
+    logging.getLogger(__name__).info("KDA kernel dispatcher on k3_cpu: decode, verify and extend run %s",
+                                     type(kernel).__name__)
