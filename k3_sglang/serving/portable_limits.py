@@ -176,9 +176,11 @@ def parse_sglang_argv(argv: list[str]) -> argparse.Namespace:
     ServerArgs resolution. Raises ValueError for a command line SGLang would reject."""
     from sglang.srt.server_args import ServerArgs
 
+    from k3_sglang.dcp_mla import add_backend_choice as add_dcp_backend_choice
     from k3_sglang.sglang_cpu import add_backend_choice
 
-    add_backend_choice()  # the k3_cpu_mla backend our plugin registers in SGLang's processes
+    add_backend_choice()  # the k3_cpu_mla and k3_dcp_mla backends our plugins register in SGLang's processes
+    add_dcp_backend_choice()
     parser = _RaisingParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
     if "--config" in argv:
