@@ -162,24 +162,28 @@ def track_states_torch(conv_states, ssm_states, cache_indices, mamba_track_mask,
 
 # -- AROUND hooks (registered by the plugins; see installed_hooks) -----------------------------------------------------
 def correct_attn_out_hook(original, out, lses, cp_rank, ctx, new_output=None, is_lse_base_on_e=False):
+    """SGLang's ag_rs DCP merge step (scale this rank's partial by exp(lse_rank - LSE)) on CPU tensors in torch."""
     if out.device.type != "cpu":
         return original(out, lses, cp_rank, ctx, new_output, is_lse_base_on_e=is_lse_base_on_e)
     return correct_attn_out_torch(out, lses, cp_rank, new_output, is_lse_base_on_e)
 
 
 def pack_a2a_send_hook(original, cp_attn_out, cp_attn_lse, dst_o, dst_lse):
+    """SGLang's a2a DCP merge send-slot scatter of partial outputs and LSEs on CPU tensors in torch."""
     if cp_attn_out.device.type != "cpu":
         return original(cp_attn_out, cp_attn_lse, dst_o, dst_lse)
     return pack_a2a_send_torch(cp_attn_out, cp_attn_lse, dst_o, dst_lse)
 
 
 def lse_combine_hook(original, recv_output, recv_lse, is_lse_base_on_e=True, return_lse=False):
+    """SGLang's a2a DCP merge (LSE-weighted combine of the received partials) on CPU tensors in torch."""
     if recv_output.device.type != "cpu":
         return original(recv_output, recv_lse, is_lse_base_on_e=is_lse_base_on_e, return_lse=return_lse)
     return lse_combine_torch(recv_output, recv_lse, is_lse_base_on_e, return_lse)
 
 
 def extend_metadata_hook(original, *args, **kwargs):
+    """SGLang's DCP extend planner (indices of the all-gathered prefix buffer) for a CPU KV pool, in torch."""
     names = ("seq_lens", "extend_prefix_lens", "extend_prefix_lens_cpu", "extend_seq_lens", "req_pool_indices",
              "req_to_token", "seq_lens_sum", "kv_buffer_shape", "kv_cache_dtype", "kv_cache_device",
              "create_chunked_prefix_cache_kv_indices_fn")
@@ -191,6 +195,7 @@ def extend_metadata_hook(original, *args, **kwargs):
 
 
 def read_mla_rows_hook(original, kv_buffer, loc, cache_k_nope, cache_k_rope=None):
+    """SGLang's MLA pool read (this rank's prefix rows for the gathered extend buffer) on CPU tensors in torch."""
     if kv_buffer.device.type != "cpu":
         return original(kv_buffer, loc, cache_k_nope, cache_k_rope)
     return read_mla_rows_torch(kv_buffer, loc, cache_k_nope, cache_k_rope)
@@ -198,6 +203,7 @@ def read_mla_rows_hook(original, kv_buffer, loc, cache_k_nope, cache_k_rope=None
 
 def track_states_hook(original, conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices,
                       batch_size, num_layers, conv_strides, ssm_strides, conv_numel, ssm_numel, check_freed_slots):
+    """The extra_buffer KDA prefix cache's decode-time copy of states into track slots on CPU tensors in torch."""
     if conv_states.device.type != "cpu":
         return original(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices, batch_size,
                         num_layers, conv_strides, ssm_strides, conv_numel, ssm_numel, check_freed_slots)
@@ -206,18 +212,21 @@ def track_states_hook(original, conv_states, ssm_states, cache_indices, mamba_tr
 
 
 def gather_into_tensor_hook(original, self, output, input):
+    """GroupCoordinator all-gather of CPU tensors through its torch.distributed path (no CPU custom op registered)."""
     if input.device.type != "cpu":
         return original(self, output, input)
     self._all_gather_into_tensor(output, input)
 
 
 def reduce_scatter_tensor_hook(original, self, output, input):
+    """GroupCoordinator reduce-scatter of CPU tensors through its torch.distributed path (no CPU custom op)."""
     if input.device.type != "cpu":
         return original(self, output, input)
     self._reduce_scatter_tensor(output, input)
 
 
 def all_to_all_single_hook(original, self, output, input):
+    """GroupCoordinator all-to-all of CPU tensors through its torch.distributed path (no CPU custom op registered)."""
     if input.device.type != "cpu" or self.world_size == 1:
         return original(self, output, input)
     self._all_to_all_single(output, input)
