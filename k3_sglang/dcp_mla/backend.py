@@ -15,6 +15,7 @@ The kernel contract is cutedsl_mla's `_run_decode_kernel` (rank-local output and
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -22,6 +23,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from k3_sglang.dcp_mla import BACKEND_NAME, add_backend_choice
 from k3_sglang.dcp_mla.metadata import StripeBatch, stripe_batch
 from k3_sglang.kernels import dispatch
+from k3_sglang.model.kv_read_trace import ENV as TRACE_ENV, KVReadTrace
 
 LOG2_E = 1.0 / math.log(2.0)
 
@@ -32,6 +34,12 @@ def _dcp_rank() -> tuple[int, int]:
     p = get_parallel()
     size = int(getattr(p, "attn_dcp_size", 1) or 1)
     return (size, int(p.attn_dcp_rank)) if size > 1 else (1, 0)
+
+
+def _tp_rank() -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    return int(get_parallel().tp_rank)
 
 
 def merge_lse_base_e() -> bool:
@@ -57,6 +65,8 @@ class K3DcpMLABackend(AttentionBackend):
             raise NotImplementedError(f"{BACKEND_NAME}: translated (unified / fused-draft) KV pools are not supported")
         self.lse_base_e = merge_lse_base_e()
         self.batch: StripeBatch | None = None
+        # rows handed to the kernel per call, for `k3 bench dcp` (off, no I/O, unless K3_KV_READ_TRACE is set)
+        self.trace = KVReadTrace.from_env(_tp_rank()) if os.environ.get(TRACE_ENV) else KVReadTrace(None, 0)
 
     def init_forward_metadata(self, forward_batch) -> None:
         mode = forward_batch.forward_mode
@@ -126,9 +136,11 @@ class K3DcpMLABackend(AttentionBackend):
                                q_rope.view(-1, layer.tp_q_head_num, width - layer.v_head_dim)], dim=-1)
         else:
             query = q.view(-1, layer.tp_q_head_num, width)
+        mode = forward_batch.forward_mode
+        if self.trace.enabled:
+            self.trace.record("decode" if mode.is_decode() else "extend", int(self.batch.kv_lens.sum()))
         o, lse = self._attend(query, layer, forward_batch)
         o = o.to(q.dtype).reshape(o.shape[0], -1)
-        mode = forward_batch.forward_mode
         if self.cp_world > 1 and (mode.is_decode() or mode.is_target_verify()):
             return o, (lse if self.lse_base_e else lse * LOG2_E)  # rank-local: SGLang's forward_mla merges
         return o

@@ -20,6 +20,10 @@ class KVReadTrace:
     def from_env(cls, rank: int) -> "KVReadTrace":
         return cls(os.environ.get(ENV) or None, rank)
 
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
     def record(self, mode: str, rows: int) -> None:
         if self.path is None:
             return
