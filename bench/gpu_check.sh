@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One command for a lent CUDA machine, under 8 minutes in all (each step has its own time limit, 450 s together):
+# One command for a lent CUDA machine, under 9 minutes in all (each step has its own time limit, 510 s together):
 #   1. install this checkout (editable; with its dependencies when an index is reachable, else --no-deps);
 #   2. the kernel tests compiled on the GPU (K3_KERNEL_TESTS_ON_GPU=1: `gpu` tests run, interpreter tests skip);
+#   2b. the k3_dcp_mla Triton kernel against the float64 reference on every DCP rank at K3's MLA shapes
+#      (bench/dcp_kernel_check.py: torch and triton only, no pytest or SGLang; sm90 included);
 #   3. the tiny K3 served on CUDA by the portable model (`k3 serve` picks it for the tiny checkpoint) and compared
 #      token for token with the float64 reference (tests/e2e/test_serve_matches_reference.py);
 #   4. bench/kernels_gpu.py: every Triton kernel checked and timed at K3-full shapes, and the fused KDA decode as a
@@ -72,6 +74,8 @@ export -f install serve_vs_reference
 step "1. install" 60 install
 step "2. kernel tests, compiled (K3_KERNEL_TESTS_ON_GPU=1)" 100 \
     'K3_KERNEL_TESTS_ON_GPU=1 "$PY" -m pytest tests/kernels -q -p no:cacheprovider -rs'
+step "2b. k3_dcp_mla Triton kernel vs the float64 reference (bench/dcp_kernel_check.py)" 60 \
+    '"$PY" bench/dcp_kernel_check.py'
 step "3. tiny K3 on CUDA (portable model) vs the float64 reference" 170 serve_vs_reference
 step "4. kernel benchmark (bench/kernels_gpu.py)" 120 '"$PY" bench/kernels_gpu.py --iters 30 --warmup 5'
 
