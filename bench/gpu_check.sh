@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for a lent CUDA machine, under 8 minutes in all (each step has its own time limit):
+# One command for a lent CUDA machine, under 9 minutes in all (each step has its own time limit):
 #   bash bench/gpu_check.sh [REPORT]      (default: $OUT/gpu_check_report.md, else ./gpu_check_report.md)
 # Made for the lent image: Python 3.12, torch, triton and pytest, no sglang, no network, 64 MiB carried. Nothing is
 # installed or fetched: the checkout goes on PYTHONPATH (k3_sglang/_checkout.py maps kernels/ to k3_sglang.kernels).
@@ -7,6 +7,8 @@
 #   1. environment: python, torch, triton, k3_sglang.kernels from this checkout, a visible CUDA device;
 #   2. the kernel tests compiled on the GPU (tests/kernels, K3_KERNEL_TESTS_ON_GPU=1: `gpu` tests run, interpreter
 #      tests skip);
+#   2b. the k3_dcp_mla Triton kernel against the float64 reference on every DCP rank at K3's MLA shapes
+#      (bench/dcp_kernel_check.py: torch and triton only; sm90 included);
 #   3. bench/kernels_gpu.py: every Triton kernel checked and timed at K3-full shapes, and the fused KDA decode as a
 #      fraction of the measured HBM bandwidth (goal >= 70 %).
 # SGLang steps, only where sglang 0.5.23 imports (elsewhere reported as NOT RUN; they never fail the kernel verdict):
@@ -98,10 +100,13 @@ if [ "$ENV_RC" = 0 ]; then
     step "2. kernel tests, compiled (K3_KERNEL_TESTS_ON_GPU=1)" 150 \
         'K3_KERNEL_TESTS_ON_GPU=1 "$PY" -m pytest tests/kernels -q -p no:cacheprovider -rs'
     TESTS_RC=$?
+    step "2b. k3_dcp_mla Triton kernel vs the float64 reference (bench/dcp_kernel_check.py)" 60 \
+        '"$PY" bench/dcp_kernel_check.py'
+    DCP_RC=$?
     step "3. kernel benchmark (bench/kernels_gpu.py)" 120 '"$PY" bench/kernels_gpu.py --iters 30 --warmup 5'
     BENCH_RC=$?
 else
-    TESTS_RC=$NOT_RUN BENCH_RC=$NOT_RUN  # the verdict still fails on a failed environment step (ENV_RC)
+    TESTS_RC=$NOT_RUN DCP_RC=$NOT_RUN BENCH_RC=$NOT_RUN  # the verdict still fails on a failed environment step (ENV_RC)
 fi
 
 SGLANG_STATE=$(sglang_ready 2>&1 | tail -n 1)
@@ -119,7 +124,7 @@ else
 fi
 
 section "verdict"
-KERNELS=$(verdict "kernels (steps 1-3)" "$ENV_RC" "$TESTS_RC" "$BENCH_RC")
+KERNELS=$(verdict "kernels (steps 1-3)" "$ENV_RC" "$TESTS_RC" "$DCP_RC" "$BENCH_RC")
 SGLANG=$(verdict "SGLang steps (4-5)" "$MODEL_RC" "$SERVE_RC")
 echo "gpu_check: kernels $KERNELS, SGLang steps $SGLANG; report in $REPORT"
 [ "$KERNELS" = PASS ] && [ "$SGLANG" != FAIL ]

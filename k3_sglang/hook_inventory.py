@@ -83,6 +83,12 @@ def _retention_hooks():
     return retention.installed_hooks()
 
 
+def _dcp_mla_hooks():
+    from k3_sglang.dcp_mla import plugin
+
+    return plugin.installed_hooks()
+
+
 HOOK_SETS = (
     HookSet("k3_sglang.serving.launch", "every `k3 serve` process", _launch_hooks, "tests/unit/test_hook_inventory.py"),
     HookSet("k3_sglang.platform_hooks", "k3_cpu platform, portable model", _portable_dcp_hooks,
@@ -99,17 +105,22 @@ HOOK_SETS = (
             "tests/unit/test_kv_event_hooks.py"),
     HookSet("k3_sglang.serving.retention", "every `k3 serve` process (K3_SERVE_HOOKS)", _retention_hooks,
             "tests/unit/test_kv_event_hooks.py"),
+    HookSet("k3_sglang.dcp_mla.plugin", "GPU host, SGLang's own K3 under --dcp-size > 1", _dcp_mla_hooks,
+            "tests/unit/test_dcp_mla_hooks.py"),
 )
 
 # SGLang extension points used (registries SGLang offers): (what, where, owner).
 REGISTRIES = (
     ("platform `k3_cpu`", "entry-point group sglang.srt.platforms", "k3_sglang.platform"),
-    ("general plugins `k3_portable_dcp`, `k3_spec`, `k3_sglang_k3_cpu`, `k3_session_cache`", "entry-point group sglang.srt.plugins",
+    ("general plugins `k3_portable_dcp`, `k3_spec`, `k3_sglang_k3_cpu`, `k3_session_cache`, `k3_dcp_mla`",
+     "entry-point group sglang.srt.plugins",
      "pyproject.toml"),
     ("model package `k3_sglang.models`", "SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.serving.cli"),
     ("speculative algorithm `K3_CSV`", "SpeculativeAlgorithm.register", "k3_sglang.spec.plugin"),
     ("attention backend `k3_cpu_mla`", "attention_registry.ATTENTION_BACKENDS, add_attention_backend_choices, "
      "deepseek AttentionBackendRegistry", "k3_sglang.sglang_cpu.mla_backend"),
+    ("attention backend `k3_dcp_mla`", "attention_registry.ATTENTION_BACKENDS, add_attention_backend_choices, "
+     "deepseek AttentionBackendRegistry and FORWARD_ABSORB_CORE_ATTENTION_BACKENDS", "k3_sglang.dcp_mla.backend"),
     ("MoE runner core for the `triton` runner name", "moe_runner.runner.register_moe_runner_core",
      "k3_sglang.sglang_cpu.moe_runner"),
     ("KV events publisher (`--kv-events-config`)", "SGLang's KVEventsConfig / ZMQ publisher",

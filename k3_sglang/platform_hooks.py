@@ -110,14 +110,23 @@ def _pageable(tensor, *args, **kwargs):
     return tensor
 
 
+def dcp_cpu_hooks():
+    """SGLang's DCP collectives and LSE-merge kernels for CPU tensors (k3_sglang/dcp_mla/cpu_kernels.py), which the
+    portable model's DCP attention calls (SGLang's K3 gets them from the k3_sglang_k3_cpu plugin)."""
+    from k3_sglang.dcp_mla import cpu_kernels
+
+    return cpu_kernels.COLLECTIVE_HOOKS + cpu_kernels.MERGE_HOOKS
+
+
 def installed_hooks(portable: bool = True):
     """(target, hook, hook type name) of every hook `register` installs: (4) on the k3_cpu platform for either K3
-    model, (1)-(3) as well for the portable model (SGLang's K3 takes DCP through its own backend path)."""
+    model, (1)-(3) and SGLang's DCP merges on CPU as well for the portable model (SGLang's K3 takes DCP through
+    the k3_dcp_mla backend and the k3_sglang_k3_cpu plugin)."""
     dcp = [(OVERRIDES_TARGET, collect_overrides_without_gpu_dcp, "AROUND"),
            (ALLOC_PAGE_TARGET, alloc_page_size, "REPLACE"),
            (PARALLEL_INIT_TARGET, init_parallel_with_cpu_dcp, "AROUND")]
     platform = [(DECODE_PREP_TARGET, prepare_for_decode_pageable, "AROUND")]
-    return dcp + platform if portable else platform
+    return dcp + dcp_cpu_hooks() + platform if portable else platform
 
 
 def register() -> None:

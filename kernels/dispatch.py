@@ -1,7 +1,8 @@
 """The ops the portable model calls: one name per op, a backend per device.
 
-The portable K3 model (k3_sglang/model) runs KDA decode and prefill, MLA decode (with its LSE), the MLA chunk
-extend and the AttnRes reads through here; its loader dequantises MXFP4 experts through `dequant_mxfp4`.
+The portable K3 model (k3_sglang/model) runs KDA decode and prefill, MLA attention (decode, prefill chunks and
+verify chains, with DCP: `mla_dcp`, which SGLang's K3 reaches through the k3_dcp_mla backend) and the AttnRes reads
+through here; its loader dequantises MXFP4 experts through `dequant_mxfp4`.
 Backends: "triton" (the kernels beside each naive.py; default on CUDA) and "torch" (the reference-equivalent path,
 default elsewhere; batched over requests where the model needs it). Pass backend= to force one; the Triton ones
 also run on CPU under TRITON_INTERPRET=1 (tests). Triton modules are imported on first use, so a CPU process never
@@ -59,8 +60,7 @@ for _op, _torch, _triton in [
     ("kda_verify", "kda.naive_decode:kda_verify_torch", "kda.fused_recurrent:kda_fused_verify"),
     ("kda_commit", "kda.naive_decode:kda_commit_torch", "kda.fused_recurrent:kda_fused_commit"),
     ("kda_prefill", "kda.naive_decode:kda_prefill_torch", "kda.chunk:kda_chunk_prefill"),
-    ("mla_decode", "mla.decode_torch:mla_decode_absorbed_padded", "mla.decode:mla_decode_absorbed_triton"),
-    ("mla_extend", "mla.extend_tiled:mla_extend_tiled", None),
+    ("mla_dcp", "mla.dcp_torch:mla_dcp_attention_torch", "mla.dcp_triton:mla_dcp_attention_triton"),
     ("merge_attention_states", "mla.naive:merge_attention_states", "mla.decode:merge_attention_states_triton"),
     ("attn_res_read", "attn_res.naive:attn_res_read", "attn_res.read:attn_res_read_triton"),
     ("dequant_mxfp4", "mxfp4.naive:dequant_mxfp4", "mxfp4.dequant:dequant_mxfp4_triton"),
@@ -103,15 +103,12 @@ def kda_prefill(mixed_qkv, f, b, g_out, cu_seqlens, weights, conv_pool, state_po
               *_opts(opts))
 
 
-def mla_decode(q_lat, kv_cache, kv_indices, kv_indptr, v_dim, scale, *, backend=None):
-    """Absorbed MLA decode: (o_lat [B, Hh, v_dim], lse [B, Hh] fp32)."""
-    return resolve("mla_decode", q_lat.device, backend)(q_lat, kv_cache, kv_indices, kv_indptr, v_dim, scale)
-
-
-def mla_extend(q_lat, kv_cache, kv_indices, layout, v_dim, scale, *, backend=None):
-    """Absorbed MLA extend over each request's cached rows (layout: kernels.mla.extend_layout.ExtendLayout):
-    (o_lat [T, Hh, v_dim], lse [T, Hh] fp32). Tiled torch on every device for now."""
-    return resolve("mla_extend", q_lat.device, backend)(q_lat, kv_cache, kv_indices, layout, v_dim, scale)
+def mla_dcp(q_lat, kv_cache, block_table, q_indptr, kv_lens, causal_seqs, page_size, cp_world, cp_rank, v_dim, scale,
+            *, q_len=None, backend=None):
+    """One DCP rank's absorbed MLA over its stripe of a paged cache (kernels/mla/naive.mla_dcp_attention_paged):
+    (o_lat [T, Hh, v_dim], lse [T, Hh] fp32 natural log). q_len: every request holds q_len queries (no host sync)."""
+    return resolve("mla_dcp", q_lat.device, backend)(q_lat, kv_cache, block_table, q_indptr, kv_lens, causal_seqs,
+                                                      page_size, cp_world, cp_rank, v_dim, scale, q_len=q_len)
 
 
 def merge_attention_states(outs, lses, *, backend=None):

@@ -11,6 +11,7 @@ import shlex
 
 from k3_sglang.launch.layout import Instance
 from k3_sglang.launch.settings import LaunchSettings
+from k3_sglang.plan.attention import backend_args
 from k3_sglang.plan.spec import PlanSpec
 
 SERVE = ("k3", "serve")
@@ -74,7 +75,8 @@ def serve_command(instance: Instance, spec: PlanSpec, model_path: str, node_rank
                   with_gpu_offset: bool = True) -> list[str]:
     """`k3 serve` for one host of an instance; node_rank/dist_init_addr may be Raw shell or $(K8S_VAR) text."""
     words = list(SERVE) + ["--model-path", model_path, "--trust-remote-code"]
-    words += _parallel_args(instance, spec) + _memory_args(instance, spec) + _pd_args(instance, spec)
+    words += _parallel_args(instance, spec) + backend_args(instance.plan.attention_backend)
+    words += _memory_args(instance, spec) + _pd_args(instance, spec)
     if instance.nnodes > 1:
         words += ["--nnodes", str(instance.nnodes), "--node-rank", node_rank, "--dist-init-addr", dist_init_addr]
     if with_gpu_offset and instance.base_gpu_id:

@@ -21,6 +21,10 @@ class KVReadTrace:
 
         return cls(worker_settings().kv_read_trace, rank)
 
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
     def record(self, mode: str, rows: int) -> None:
         if self.path is None:
             return

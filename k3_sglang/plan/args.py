@@ -27,6 +27,7 @@ SECTION_FLAGS = {
     "mamba_strategy": ("serving", "mamba_radix_cache_strategy"), "page_size": ("serving", "page_size"),
     "draft_tokens": ("serving", "draft_tokens"), "max_running_requests": ("serving", "max_running_requests"),
     "decode_radix_cache": ("serving", "decode_radix_cache"),
+    "attention_backend": ("serving", "attention_backend"),
 }
 GROUP_FLAGS = ("tp", "dcp", "pp", "ep", "dp_attention", "replicas", "pp_layer_partition", "chunked_prefill_size")
 GROUP_INT_FIELDS = ("tp", "dcp", "pp", "ep", "dp_attention", "replicas", "chunked_prefill_size")
@@ -74,6 +75,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--page-size", type=int)
     work.add_argument("--draft-tokens", type=int)
     work.add_argument("--max-running-requests", type=int)
+    work.add_argument("--attention-backend", help="MLA attention backend: auto (k3_dcp_mla for DCP off Blackwell) | "
+                                                  "k3_dcp_mla | sglang | cutedsl_mla (docs/capacity.md)")
     work.add_argument("--decode-radix-cache", action="store_const", const=True, default=None,
                       help="PD decode servers keep a radix cache (--disaggregation-decode-enable-radix-cache): "
                            "S state slots per request as unified, instead of 1")

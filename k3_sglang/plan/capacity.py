@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from k3_sglang.config import K3Config
+from k3_sglang.plan.attention import attention_backend
 from k3_sglang.plan.constraints import check_topology
 from k3_sglang.plan.memory import StageMemory, balanced_ratio, solved_ratio, stage_memory, state_bytes_per_slot, \
     kv_bytes_per_token
@@ -52,6 +53,7 @@ class GroupPlan:
     sessions: int
     binding: str
     notes: tuple[str, ...]
+    attention_backend: str | None = None  # the --attention-backend its servers get (None: SGLang decides)
 
     @property
     def bound(self) -> StageCapacity:
@@ -123,6 +125,9 @@ def _notes(group: Group, spec: PlanSpec) -> tuple[str, ...]:
         notes.append("MXFP4 experts run on the Marlin W4A16 path (dequantised per MAC): memory win kept, FLOP win lost")
     if group.dcp > 1 and spec.serving.draft_tokens:
         notes.append("DCP saves target MLA KV only; draft KV and KDA state are not DCP-sharded")
+    if group.dcp > 1 and not system.native_mxfp4 and spec.serving.attention_backend in ("auto", "k3_dcp_mla"):
+        notes.append("DCP off Blackwell runs on the k3_dcp_mla attention backend (Triton, eager decode: no CUDA "
+                     "graphs); SGLang 0.5.23's own K3 DCP needs cutedsl_mla (SM100)")
     return tuple(notes)
 
 
@@ -138,7 +143,9 @@ def plan_group(model: K3Config, group: Group, spec: PlanSpec) -> GroupPlan:
         for i, layers in enumerate(ranges))
     binding_stage = min(range(len(stages)), key=lambda i: stages[i].sessions)
     sessions, binding = _binding(stages[binding_stage], spec.serving.max_running_requests)
-    return GroupPlan(group, stages, binding_stage, slots, exact, sessions, binding, _notes(group, spec))
+    backend = attention_backend(spec.serving.attention_backend, group.dcp, spec.system.native_mxfp4,
+                                spec.precision.kv_cache_flag, f"{group.role} group {group.label()}")
+    return GroupPlan(group, stages, binding_stage, slots, exact, sessions, binding, _notes(group, spec), backend)
 
 
 def make_plan(spec: PlanSpec, model: K3Config | None = None) -> PlanResult:

@@ -33,6 +33,7 @@ def group_json(plan: GroupPlan) -> dict[str, Any]:
             "slots_per_request": plan.slots_per_request, "binding_stage": plan.binding_stage,
             **{k: v for k, v in stage_json(bound).items() if k not in ("stage", "layers")},
             "sessions": plan.sessions, "binding": plan.binding, "notes": list(plan.notes),
+            "attention_backend": plan.attention_backend,
             "stages": [stage_json(s) for s in plan.stages]}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from k3_sglang.plan.attention import ATTENTION_CHOICES
 from k3_sglang.plan.fields import require_bool, require_choice, require_float, require_int
 
 # SGLang's defaults and the planner's reserve assumptions, in one place (docs/capacity.md lists them).
@@ -56,6 +57,7 @@ class Serving:
     max_running_requests: int | None = None
     replicate_q_proj: bool = True
     decode_radix_cache: bool = False  # PD decode servers: --disaggregation-decode-enable-radix-cache
+    attention_backend: str = "auto"  # MLA attention backend (plan/attention.py)
 
     def __post_init__(self) -> None:
         require_float("mem_fraction_static", self.mem_fraction_static, 0.0, 1.0)
@@ -68,6 +70,7 @@ class Serving:
             require_int("max_running_requests", self.max_running_requests)
         require_bool("replicate_q_proj", self.replicate_q_proj)
         require_bool("decode_radix_cache", self.decode_radix_cache)
+        require_choice("attention_backend", self.attention_backend, ATTENTION_CHOICES)
 
     @property
     def auto_ratio(self) -> bool:
@@ -95,4 +98,5 @@ class Serving:
                 "mamba_full_memory_ratio": self.mamba_full_memory_ratio,
                 "mamba_radix_cache_strategy": self.mamba_radix_cache_strategy, "page_size": self.page_size,
                 "draft_tokens": self.draft_tokens, "max_running_requests": self.max_running_requests,
-                "replicate_q_proj": self.replicate_q_proj, "decode_radix_cache": self.decode_radix_cache}
+                "replicate_q_proj": self.replicate_q_proj, "decode_radix_cache": self.decode_radix_cache,
+                "attention_backend": self.attention_backend}

@@ -61,6 +61,9 @@ SGLANG_CPU_DEFAULTS = {
     "--cuda-graph-backend-prefill": "disabled",
 }
 SGLANG_CPU_FLAGS = ("--disable-overlap-schedule",)
+# SGLang's K3 on CPU under --dcp-size > 1: the k3_dcp_mla backend (k3_sglang/dcp_mla; our model-override hook would
+# pick it anyway) and, as for the portable model, the extra_buffer KDA prefix cache DCP's radix pages need.
+SGLANG_CPU_DCP_DEFAULTS = {"--attention-backend": "k3_dcp_mla", "--mamba-radix-cache-strategy": "extra_buffer"}
 # Both models: K3's XTML reasoning and tool-call channels.
 COMMON_DEFAULTS = {"--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3"}
 COMMON_FLAGS: tuple[str, ...] = ()
@@ -164,6 +167,8 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
         dcp_flags = DCP_NO_PREFIX_CACHE_FLAGS
     elif portable and dcp > 1:
         defaults.update(DCP_PORTABLE_DEFAULTS)
+    elif sglang_cpu and dcp > 1:
+        defaults.update(SGLANG_CPU_DCP_DEFAULTS)
     if _has_flag(extra, "--skip-tokenizer-init"):
         defaults.pop("--reasoning-parser")
         defaults.pop("--tool-call-parser")

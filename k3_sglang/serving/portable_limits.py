@@ -40,7 +40,7 @@ class ParallelLimit:
 SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
     "tp_size": ParallelLimit("--tp-size", 8, "tensor parallelism", "tested up to 8 ranks (k3_sglang/parallel/tp.py)"),
     "pp_size": ParallelLimit("--pp-size", 4, "pipeline parallelism", "tested up to 4 stages (k3_sglang/parallel)"),
-    "dcp_size": ParallelLimit("--dcp-size", 8, "decode context parallelism", "tested up to 8 ranks (k3_sglang/parallel/dcp.py)"),
+    "dcp_size": ParallelLimit("--dcp-size", 8, "decode context parallelism", "tested up to 8 ranks (k3_sglang/dcp_mla)"),
     "attn_dp_size": ParallelLimit("--attn-dp-size", 1, "DP attention", "no attention-DP gather/scatter"),
     "attn_cp_size": ParallelLimit("--attn-cp-size", 1, "attention context parallelism", "no CP split of prefill"),
     "ep_size": ParallelLimit("--ep-size", 8, "expert parallelism", "tested up to 8 ranks (k3_sglang/parallel/tp.py)"),
@@ -181,9 +181,11 @@ def parse_sglang_argv(argv: list[str]) -> argparse.Namespace:
     ServerArgs resolution. Raises ValueError for a command line SGLang would reject."""
     from sglang.srt.server_args import ServerArgs
 
+    from k3_sglang.dcp_mla import add_backend_choice as add_dcp_backend_choice
     from k3_sglang.sglang_cpu import add_backend_choice
 
-    add_backend_choice()  # the k3_cpu_mla backend our plugin registers in SGLang's processes
+    add_backend_choice()  # the k3_cpu_mla and k3_dcp_mla backends our plugins register in SGLang's processes
+    add_dcp_backend_choice()
     parser = _RaisingParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
     if "--config" in argv:

@@ -3,8 +3,8 @@ starts (`k3 serve` with K3_MODEL_IMPL=sglang on a host without CUDA; serving/lau
 again).
 
 On CPU SGLang's K3 runs with what our general plugin `k3_sglang_k3_cpu` supplies (k3_sglang/sglang_cpu): the
-`k3_cpu_mla` attention backend, a torch KDA kernel inside SGLang's KDA backend, a MoE runner core for the "triton"
-runner name. Everything else SGLang would pick (GPU attention, KDA and MoE backends, CUDA graphs, torch.compile,
+`k3_cpu_mla` attention backend (`k3_dcp_mla` under `--dcp-size > 1`, k3_sglang/dcp_mla), a torch KDA kernel inside
+SGLang's KDA backend, a MoE runner core for the "triton" runner name. Everything else SGLang would pick (GPU attention, KDA and MoE backends, CUDA graphs, torch.compile,
 quantized KV, speculative workers, DP attention) has no CPU path and would fail deep inside a rank, so each is named
 here with the flag that asks for it. The checks read SGLang's own argument names (its parsed command line or a
 ServerArgs), as serving/portable_limits.py does for the portable model.
@@ -13,13 +13,14 @@ ServerArgs), as serving/portable_limits.py does for the portable model.
 from __future__ import annotations
 
 from k3_sglang.serving.portable_limits import GRAPH_PHASES, ParallelLimit, graph_backend
+from k3_sglang.dcp_mla import BACKEND_NAME as DCP_ATTENTION_BACKEND
 from k3_sglang.sglang_cpu import MLA_BACKEND_NAME as ATTENTION_BACKEND
 # SGLang field -> limit. Raise `supported` when a size has an end-to-end test on CPU.
 SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
     "tp_size": ParallelLimit("--tp-size", 2, "tensor parallelism", "tested at 2 ranks on CPU"),
     "pp_size": ParallelLimit("--pp-size", 2, "pipeline parallelism", "tested at 2 stages on CPU"),
-    "dcp_size": ParallelLimit("--dcp-size", 1, "decode context parallelism",
-                              "SGLang's K3 DCP needs a DCP-capable MLA decode backend, which k3_cpu_mla is not yet"),
+    "dcp_size": ParallelLimit("--dcp-size", 2, "decode context parallelism",
+                              "tested at 2 ranks on CPU, on the k3_dcp_mla backend"),
     "attn_dp_size": ParallelLimit("--attn-dp-size", 1, "DP attention", "no CPU path"),
     "attn_cp_size": ParallelLimit("--attn-cp-size", 1, "attention context parallelism", "no CPU path"),
     "ep_size": ParallelLimit("--ep-size", 2, "expert parallelism", "tested at 2 ranks on CPU"),
@@ -28,15 +29,18 @@ SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
 }
 # SGLang field -> (flag, values served on CPU, why). None stands for "SGLang's default".
 ALLOWED_VALUES: dict[str, tuple[str, tuple, str]] = {
-    "attention_backend": ("--attention-backend", (None, ATTENTION_BACKEND),
-                          f"K3's MLA runs on the {ATTENTION_BACKEND} backend on CPU"),
-    "decode_attention_backend": ("--decode-attention-backend", (None, ATTENTION_BACKEND),
-                                 f"K3's MLA runs on the {ATTENTION_BACKEND} backend on CPU"),
-    "prefill_attention_backend": ("--prefill-attention-backend", (None, ATTENTION_BACKEND),
-                                  f"K3's MLA runs on the {ATTENTION_BACKEND} backend on CPU"),
-    "mamba_radix_cache_strategy": ("--mamba-radix-cache-strategy", ("no_buffer",),
-                                   "extra_buffer's decode-time state tracking is a Triton kernel with no CPU "
-                                   "path yet; no_buffer keeps the radix cache"),
+    "attention_backend": ("--attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
+                          f"K3's MLA runs on the {ATTENTION_BACKEND} or {DCP_ATTENTION_BACKEND} backend on CPU"),
+    "decode_attention_backend": ("--decode-attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
+                                 f"K3's MLA runs on the {ATTENTION_BACKEND} or {DCP_ATTENTION_BACKEND} backend on "
+                                 "CPU"),
+    "prefill_attention_backend": ("--prefill-attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
+                                  f"K3's MLA runs on the {ATTENTION_BACKEND} or {DCP_ATTENTION_BACKEND} backend on "
+                                  "CPU"),
+    "mamba_radix_cache_strategy": ("--mamba-radix-cache-strategy", ("no_buffer", "extra_buffer"),
+                                   "extra_buffer_lazy is not exercised on CPU"),
+    "dcp_comm_backend": ("--dcp-comm-backend", (None, "ag_rs", "a2a"),
+                         "fi_a2a needs FlashInfer's MNNVL all-to-all (Blackwell)"),
     "linear_attn_backend": ("--linear-attn-backend", (None, "triton"),
                             "the CPU KDA kernel takes the place of SGLang's triton KDA kernel"),
     "linear_attn_decode_backend": ("--linear-attn-decode-backend", (None, "triton"),
@@ -84,9 +88,14 @@ def refusals(args) -> list[str]:
         if value not in allowed:
             shown = ", ".join(str(a) for a in allowed if a is not None) or "none"
             reasons.append(f"{flag} {value}: {why} (served: {shown})")
+    if (int(getattr(args, "dcp_size", 1) or 1) > 1 and _value(args, "mamba_radix_cache_strategy") == "no_buffer"
+            and not getattr(args, "disable_radix_cache", False)):
+        reasons.append("--mamba-radix-cache-strategy no_buffer under --dcp-size > 1: DCP's radix pages hold "
+                       "page_size x dcp tokens and need the extra_buffer KDA snapshots (k3 serve's default there), "
+                       "or --disable-radix-cache")
     if not getattr(args, "disable_overlap_schedule", False):
-        reasons.append("the overlap scheduler: the no_buffer KDA prefix cache needs --disable-overlap-schedule "
-                       "(k3 serve's default)")
+        reasons.append("the overlap scheduler: SGLang's K3 on CPU runs with --disable-overlap-schedule (k3 serve's "
+                       "default; the no_buffer KDA prefix cache needs it)")
     for field, (flag, why) in MUST_BE_OFF.items():
         if getattr(args, field, False):
             reasons.append(f"{flag}: {why}")

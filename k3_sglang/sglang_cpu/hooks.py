@@ -4,10 +4,12 @@ Active only when SGLang runs on our CPU platform without the portable model regi
 K3_MODEL_IMPL=sglang on a host without CUDA); inert everywhere else. It plugs our CPU kernels into SGLang's seams:
 
 - MLA: the `k3_cpu_mla` attention backend (mla_backend.py), registered in SGLang's attention-backend registry, its
-  argument choices and the deepseek forward-method registry;
+  argument choices and the deepseek forward-method registry; under `--dcp-size > 1` the `k3_dcp_mla` backend
+  (k3_sglang/dcp_mla) through the K3 model-override hook, SGLang's DCP gates passed on CPU (platform_hooks 2-3),
+  and torch paths for SGLang's DCP Triton helpers (LSE merges, the gathered extend's indices; dcp_mla/cpu_kernels.py);
 - MoE: a runner core for SGLang's "triton" runner name (moe_runner.py) through `register_moe_runner_core`;
 - KDA: our torch kernel in SGLang's KDA kernel dispatcher, and the backend's short-conv functions (kda_kernel.py,
-  kda_ops.py);
+  kda_ops.py); the extra_buffer prefix cache's decode-time state tracking in torch (dcp_mla/cpu_kernels.py);
 - and, where SGLang has no seam, the narrow hooks below (shims.py), each registered with SGLang's HookRegistry.
 No Triton kernel runs: nothing here needs the Triton interpreter.
 """
@@ -15,6 +17,9 @@ from __future__ import annotations
 
 import os
 
+from k3_sglang import platform_hooks
+from k3_sglang.dcp_mla import cpu_kernels
+from k3_sglang.dcp_mla.overrides import OVERRIDES_TARGET, collect_overrides_with_k3_dcp_mla
 from k3_sglang.sglang_cpu import shims
 
 _KDA = "sglang.srt.layers.attention.linear.kda_backend"
@@ -42,18 +47,26 @@ def installed_hooks():
              "AROUND"),
             ("sglang.srt.layers.attn_residual._mix_fused", shims.attn_res_mix, "AROUND"),
             ("sglang.srt.layers.moe.moe_runner.base.FusedOpPool.get_fused_func", shims.no_fused_triton_moe,
-             "AROUND")]
+             "AROUND"),
+            # DCP (k3_dcp_mla) and the extra_buffer prefix cache it needs
+            (OVERRIDES_TARGET, collect_overrides_with_k3_dcp_mla, "AROUND"),
+            (platform_hooks.ALLOC_PAGE_TARGET, platform_hooks.alloc_page_size, "REPLACE"),
+            (platform_hooks.PARALLEL_INIT_TARGET, platform_hooks.init_parallel_with_cpu_dcp, "AROUND"),
+            *cpu_kernels.COLLECTIVE_HOOKS, *cpu_kernels.MERGE_HOOKS, *cpu_kernels.EXTEND_HOOKS,
+            *cpu_kernels.TRACK_HOOKS]
 
 
 def register() -> None:
-    """Entry point: the hooks, the MLA backend and the MoE runner core, or nothing when inactive."""
+    """Entry point: the hooks, the MLA backends and the MoE runner core, or nothing when inactive."""
     if not active():
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from k3_sglang.dcp_mla import backend as dcp_mla_backend
     from k3_sglang.sglang_cpu import mla_backend, moe_runner
 
     for target, hook, kind in installed_hooks():
         HookRegistry.register(target, hook, HookType[kind])
     mla_backend.register()
+    dcp_mla_backend.register()
     moe_runner.register()

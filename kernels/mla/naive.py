@@ -147,3 +147,29 @@ def mla_extend_absorbed(
         o[q0:q1] = torch.einsum("ths,sv->thv", probs, rows[:, :v_dim])
         lse[q0:q1] = row_lse
     return o.to(q_lat.dtype), lse.to(torch.float64 if dt == torch.float64 else torch.float32)
+
+
+def mla_dcp_attention_paged(
+    q_lat: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, q_indptr: list[int], kv_lens: list[int],
+    causal_seqs: list[int], page_size: int, cp_world: int, cp_rank: int, v_dim: int, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absorbed MLA of one DCP rank over its stripe of a paged latent cache (the k3_dcp_mla kernel contract).
+
+    q_lat [T, Hh, L]; request b's queries are rows q_indptr[b]:q_indptr[b+1] (n_b of them), the j-th at global
+    position causal_seqs[b] - n_b + j. Its rank-local keys are i = 0..kv_lens[b]-1: the i-th sits at global
+    position cp_rank + cp_world * i, in cache row block_table[b, i // page_size] * page_size + i % page_size of
+    kv_cache [N, L]. A query sees its request's keys at positions <= its own; the value is the first v_dim columns.
+    Returns (o [T, Hh, v_dim] in q_lat.dtype, lse [T, Hh] natural log; o = 0 and lse = -inf where no key is seen).
+    """
+    rows, kv_indptr, q_start = [], [0], []
+    for b, n_keys in enumerate(kv_lens):
+        for i in range(n_keys):
+            rows.append(int(block_table[b, i // page_size]) * page_size + i % page_size)
+        kv_indptr.append(len(rows))
+        q_start.append(causal_seqs[b] - (q_indptr[b + 1] - q_indptr[b]))
+        if q_start[-1] < 0:
+            raise ValueError(f"mla_dcp_attention_paged: request {b} has {q_indptr[b + 1] - q_indptr[b]} queries but "
+                             f"a causal length of {causal_seqs[b]}")
+    kv_indices = torch.tensor(rows, dtype=torch.long, device=q_lat.device)
+    return mla_extend_absorbed(q_lat, kv_cache, kv_indices, list(q_indptr), kv_indptr, q_start, v_dim, scale,
+                               kv_offset=cp_rank, kv_stride=cp_world)

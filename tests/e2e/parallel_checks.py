@@ -10,11 +10,23 @@ distance from TP1 has the same heavy tail; the check is therefore two-sided: the
 from __future__ import annotations
 
 import concurrent.futures
+import os
 
 import httpx
 import torch
 
 MEDIAN_TOL = 1e-5
+
+
+def start_k3(tiny_dir, tmp_path_factory, name: str, args: list[str], env: dict | None = None,
+             timeout_s: float = 600.0):
+    """A `k3 serve` of the tiny checkpoint with `args` (K3_MAX_N=16 plus `env`), its log in a fresh tmp folder;
+    K3_TEST_STARTUP_S overrides the startup timeout."""
+    from k3_sglang.serving.process import K3ServerProcess
+
+    log = tmp_path_factory.mktemp(name) / "serve.log"
+    proc = K3ServerProcess(["--model-path", str(tiny_dir), *args], log, env={"K3_MAX_N": "16", **(env or {})})
+    return proc.start(timeout_s=float(os.environ.get("K3_TEST_STARTUP_S", timeout_s)))
 
 
 def prompt(n: int, seed: int) -> list[int]:

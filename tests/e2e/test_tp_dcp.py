@@ -4,13 +4,11 @@ ranks, each rank attends its stripe and the partial attentions merge through the
 (TP2 alone, TP4/DCP4, DCP8) are in test_tp_dcp_slow.py."""
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from k3_sglang.serving.process import K3ServerProcess
 from tests.e2e.parallel_checks import (
-    assert_concurrent_match, assert_matches_tp1, assert_prefix_hits_match, generate, logical_kv_tokens, prompt,
+    assert_concurrent_match, assert_matches_tp1, assert_prefix_hits_match, generate, logical_kv_tokens, prompt, start_k3,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -18,9 +16,7 @@ SAME_AS_TP1 = ["--dtype", "float32", "--chunked-prefill-size", "64", "--max-tota
 
 
 def start_server(tiny_dir, tmp_path_factory, name: str, extra: list[str]) -> K3ServerProcess:
-    log = tmp_path_factory.mktemp(name) / "serve.log"
-    proc = K3ServerProcess(["--model-path", str(tiny_dir), *SAME_AS_TP1, *extra], log, env={"K3_MAX_N": "16"})
-    return proc.start(timeout_s=float(os.environ.get("K3_TEST_STARTUP_S", "400")))
+    return start_k3(tiny_dir, tmp_path_factory, name, [*SAME_AS_TP1, *extra], timeout_s=400)
 
 
 @pytest.fixture(scope="module")

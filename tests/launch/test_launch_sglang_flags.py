@@ -14,6 +14,9 @@ SERVE_OWN_FLAGS = {"--model-path"}  # k3 serve's own flag (also an SGLang flag)
 
 @pytest.fixture(scope="module")
 def sglang_options() -> set[str]:
+    from k3_sglang.dcp_mla import add_backend_choice
+
+    add_backend_choice()  # what our k3_dcp_mla plugin does in every SGLang process before it parses arguments
     parser = argparse.ArgumentParser()
     server_args.ServerArgs.add_cli_args(parser)
     return {s for action in parser._actions for s in action.option_strings}

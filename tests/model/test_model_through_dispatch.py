@@ -1,6 +1,7 @@
 """The portable model's KDA and MLA layers through `kernels.dispatch`, on CPU, against float64 references built from
 the naive ops: padding slots (-1, SGLang's CUDA-graph decode padding) leave every pool row untouched, and the MLA
-decode gather is sized from the real seq_lens even when seq_lens_cpu holds a capture-time fill value."""
+decode (through the k3_dcp_mla kernel, `dispatch.mla_dcp`) is sized from the real seq_lens even when seq_lens_cpu
+holds a capture-time fill value."""
 from __future__ import annotations
 
 import copy
@@ -14,7 +15,6 @@ from sglang.srt.layers import radix_attention  # noqa: F401 - the MLA layer buil
 from k3_sglang.config import preset
 from k3_sglang.kernels import dispatch
 from k3_sglang.kernels.kda.naive import chunk_kda, gated_rms_norm, kda_gate, kda_recurrent_step, l2_normalize, short_conv_silu
-from k3_sglang.kernels.mla.decode_layout import decode_kv_layout
 from k3_sglang.kernels.mla.decode_torch import mla_decode_absorbed_padded
 from k3_sglang.kernels.mla.naive import mla_decode_absorbed
 from k3_sglang.model.kda_layer import KDAMixer, KDAStateView
@@ -138,7 +138,7 @@ def test_mla_decode_sized_from_live_seq_lens_not_capture_fill(monkeypatch, backe
     from k3_sglang.model.mla_layer import MLAMixer
     from k3_sglang.parallel.tp import Shard
 
-    _force(monkeypatch, "mla_decode", backend)
+    _force(monkeypatch, "mla_dcp", backend)
     mla = CFG.mla
     mixer = MLAMixer(CFG, CFG.mla.layer_ids[0])
     L, C = mla.latent_dim, mla.kv_lora_rank
@@ -169,15 +169,6 @@ def test_mla_decode_sized_from_live_seq_lens_not_capture_fill(monkeypatch, backe
     assert (short - o_ref).norm() > 0.1 * o_ref.norm(), "the test must tell a fill-sized gather from the real one"
 
 
-def test_decode_kv_layout():
-    req_to_token = torch.arange(40, dtype=torch.int32).view(4, 10)
-    indices, indptr = decode_kv_layout(req_to_token, torch.tensor([2, 0, 3]), torch.tensor([3, 0, 2]))
-    assert indices.tolist() == [20, 21, 22, 30, 31] and indptr.tolist() == [0, 3, 3, 5]
-    assert indices.dtype == torch.int64
-    with pytest.raises(ValueError, match="attends 11 positions, req_to_token holds 10"):
-        decode_kv_layout(req_to_token, torch.tensor([0]), torch.tensor([11]))
-
-
 def test_padded_torch_mla_decode_matches_reference():
     B, Hh, C, R, N = 4, 3, 16, 8, 64
     lens = [5, 0, 37, 1]
@@ -192,16 +183,19 @@ def test_padded_torch_mla_decode_matches_reference():
     assert_close("o", o_ref, o, FP32_VS_FP64)
     assert_close("lse", lse_ref, lse, FP32_VS_FP64)  # -inf for the empty request matches exactly
     assert bool((o[1] == 0).all())
-    assert dispatch.resolve("mla_decode", torch.device("cpu")) is mla_decode_absorbed_padded
+
 
 
 @pytest.mark.gpu
-def test_decode_kv_layout_refuses_cuda_graph_capture():
-    """A gather sized inside a capture would be frozen at replay: capture is an explicit error, not a wrong graph."""
+def test_mla_block_table_refuses_cuda_graph_capture():
+    """A table sized inside a capture would be frozen at replay: capture is an explicit error, not a wrong graph."""
+    from k3_sglang.dcp_mla.metadata import stripe_batch
+
     req_to_token = torch.arange(40, dtype=torch.int32, device="cuda").view(4, 10)
-    rpi, lens = torch.tensor([1, 2], device="cuda"), torch.tensor([3, 4], device="cuda")
-    decode_kv_layout(req_to_token, rpi, lens)  # eager: fine
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True), seq_lens=torch.tensor([3, 4],
+                            device="cuda"), req_pool_indices=torch.tensor([1, 2], device="cuda"))
+    stripe_batch(batch, req_to_token, 1, 1, 0)  # eager: fine
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="cannot run under CUDA-graph capture"):
         with torch.cuda.graph(graph):
-            decode_kv_layout(req_to_token, rpi, lens)
+            stripe_batch(batch, req_to_token, 1, 1, 0)

@@ -22,3 +22,19 @@ def test_bench_dcp_bad_input_exits_2_before_starting_servers(capsys):
     assert "--contexts must be >= 64" in capsys.readouterr().err
     assert main(["bench", "dcp", "--contexts", "200000", "--out", "-"]) == 2
     assert "--pool-tokens 131072 must hold the longest context" in capsys.readouterr().err
+
+
+def test_report_has_one_section_per_model(tmp_path):
+    import argparse
+    import datetime
+
+    from k3_sglang.tooling.bench.dcp_report import write_report
+
+    args = argparse.Namespace(model_impl="both", contexts=[1000], decode_tokens=8, repeats=1, pool_tokens=4096)
+    out = tmp_path / "bench-dcp.md"
+    write_report(out, datetime.datetime(2026, 12, 6), args, {"portable": "| portable table |",
+                                                             "sglang": "| sglang table |"})
+    text = out.read_text()
+    assert "--model-impl both" in text
+    assert text.index("## The portable model") < text.index("| portable table |") < text.index("## SGLang's own K3") \
+        < text.index("| sglang table |")

@@ -27,6 +27,7 @@ case "$*" in
   "-m pytest tests/kernels"*) echo "12 passed"; exit "${STUB_KERNEL_TESTS_RC:-0}" ;;
   "-m pytest tests/model"*) echo "9 passed"; exit "${STUB_MODEL_RC:-0}" ;;
   "-m pytest tests/e2e"*) echo "2 passed"; exit "${STUB_SERVE_RC:-0}" ;;
+  bench/dcp_kernel_check.py*) echo "k3_dcp_mla: every case within tolerance"; exit "${STUB_DCP_RC:-0}" ;;
   bench/kernels_gpu.py*) echo "goal >= 70 % of measured bandwidth at every batch: met"; exit "${STUB_BENCH_RC:-0}" ;;
 esac
 exit 98
@@ -68,13 +69,15 @@ def test_sglang_steps_run_where_sglang_0_5_23_imports(tmp_path):
     assert rc == 0 and _verdicts(report) == ("PASS", "PASS")
     assert "-m pytest tests/model -q -p no:cacheprovider -rs" in calls and "GPU=1" in calls
     assert "tests/e2e/test_serve_matches_reference.py" in calls
-    assert report.count("- exit code: 0") == 5
+    assert report.count("- exit code: 0") == 6
+    assert f"bench/dcp_kernel_check.py | PYTHONPATH={REPO}" in calls
 
 
 @pytest.mark.parametrize("env,expected,rc", [
     ({"STUB_SGLANG_RC": "4", "STUB_SGLANG_VERSION": "0.5.22"}, ("PASS", "NOT RUN"), 0),  # another SGLang version
     ({"STUB_KERNEL_TESTS_RC": "1"}, ("FAIL", "NOT RUN"), 1),
     ({"STUB_BENCH_RC": "1", **SGLANG_OK}, ("FAIL", "PASS"), 1),
+    ({"STUB_DCP_RC": "1"}, ("FAIL", "NOT RUN"), 1),  # the k3_dcp_mla kernel check is a kernel step
     ({"STUB_SERVE_RC": "1", **SGLANG_OK}, ("PASS", "FAIL"), 1),  # a failed SGLang step fails the run, not the kernels
     ({"STUB_CUDA_RC": "1", **SGLANG_OK}, ("NOT RUN", "NOT RUN"), 1),  # no GPU: nothing passes
 ])

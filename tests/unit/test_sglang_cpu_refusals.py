@@ -25,12 +25,12 @@ def cpu_sglang(monkeypatch, tmp_path):
 REFUSED = [
     (["--tp-size", "4"], "--tp-size 4: tensor parallelism"),
     (["--pp-size", "3"], "--pp-size 3: pipeline parallelism"),
-    (["--tp-size", "2", "--dcp-size", "2"], "--dcp-size 2: decode context parallelism"),
+    (["--dcp-size", "4"], "--dcp-size 4: decode context parallelism"),
     (["--tp-size", "2", "--ep-size", "4"], "--ep-size 4: expert parallelism"),
     (["--dp-size", "2"], "--dp-size 2: data-parallel replicas"),
-    (["--attention-backend", "triton"], "--attention-backend triton: K3's MLA runs on the k3_cpu_mla backend"),
+    (["--attention-backend", "triton"], "--attention-backend triton: K3's MLA runs on the k3_cpu_mla or k3_dcp_mla backend"),
     (["--decode-attention-backend", "flashinfer"], "--decode-attention-backend flashinfer"),
-    (["--mamba-radix-cache-strategy", "extra_buffer"], "--mamba-radix-cache-strategy extra_buffer"),
+    (["--mamba-radix-cache-strategy", "extra_buffer_lazy"], "--mamba-radix-cache-strategy extra_buffer_lazy"),
     (["--linear-attn-decode-backend", "flashinfer"], "--linear-attn-decode-backend flashinfer"),
     (["--moe-runner-backend", "deep_gemm"], "--moe-runner-backend deep_gemm"),
     (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
@@ -60,9 +60,10 @@ def test_every_reason_is_listed_at_once(cpu_sglang, capsys):
 
 
 def test_the_defaults_and_the_tested_sizes_pass(cpu_sglang):
-    for flags in ([], ["--tp-size", "2", "--ep-size", "2"], ["--pp-size", "2"], ["--dtype", "bfloat16"]):
+    for flags in ([], ["--tp-size", "2", "--ep-size", "2"], ["--pp-size", "2"], ["--dtype", "bfloat16"],
+                  ["--tp-size", "2", "--dcp-size", "2"]):
         assert main(["serve", *flags]) == 0
-    assert len(cpu_sglang) == 4
+    assert len(cpu_sglang) == 5
 
 
 def test_overlap_scheduler_is_refused_with_no_buffer():

@@ -36,18 +36,26 @@ def summarize(cells, contexts: list[int], capacity: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
-def write_report(path: Path, started, args, summary: str) -> None:
+MODEL_TITLES = {"portable": "The portable model (k3_sglang/model)",
+                "sglang": "SGLang's own K3 (K3_MODEL_IMPL=sglang), k3_dcp_mla backend in both arms"}
+
+
+def write_report(path: Path, started, args, summaries: dict[str, str]) -> None:
+    """summaries: model ("portable" / "sglang") -> its tables (summarize)."""
     load = os.getloadavg()
+    sections = "\n\n".join(f"## {MODEL_TITLES[m]}\n\n{t}" for m, t in summaries.items())
     text = f"""# `k3 bench dcp`: decode with the MLA KV striped over two DCP ranks
 
 Run {started:%Y-%m-%d %H:%M} UTC on {os.cpu_count()} x {_cpu()} (load average at the end {load[0]:.2f}),
-`k3 bench dcp --contexts {' '.join(map(str, args.contexts))} --decode-tokens {args.decode_tokens} --repeats {args.repeats}`.
+`k3 bench dcp --model-impl {args.model_impl} --contexts {' '.join(map(str, args.contexts))} --decode-tokens \
+{args.decode_tokens} --repeats {args.repeats}`.
 Both servers are TP2 (two ranks, one core each) of the tiny K3 in bf16 with the same per-rank pool
 (--max-total-tokens {args.pool_tokens}); `dcp2` adds --dcp-size 2. Rounds alternate the servers on the same prompt;
 medians over {args.repeats} rounds. Rows read are counted from the pool rows each rank's MLA attention kernel was
 handed per decode call (K3_KV_READ_TRACE); one tiny-K3 latent row is {ROW_BYTES_BF16} bytes in bf16 (K3: 1,152).
+SGLang's K3 runs the k3_dcp_mla backend in both of its servers (same kernel; only the striping differs).
 
-{summary}
+{sections}
 
 """
     path.parent.mkdir(parents=True, exist_ok=True)

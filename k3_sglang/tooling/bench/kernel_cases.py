@@ -8,7 +8,8 @@ import triton
 from k3_sglang.tooling.bench.kernels import BANK, HIDDEN, MLA_HEADS, MLA_LAT, MLA_V, H, K, V, W, median_ms, n_sets
 from k3_sglang.kernels import dispatch
 from k3_sglang.kernels.kda.decode_common import KDAWeights
-from k3_sglang.kernels.mla.decode import default_num_splits, mla_decode_absorbed_triton
+from k3_sglang.kernels.mla.dcp_triton import mla_dcp_attention_triton
+from k3_sglang.kernels.mla.decode import default_num_splits
 
 CUDA = "cuda"
 BF16 = torch.bfloat16
@@ -141,29 +142,38 @@ def bench_verify(args):
     return rows
 
 
-def _mla_case(B: int, ctx: int, sets: int):
-    pool = torch.randn(B * ctx * sets, MLA_LAT, dtype=BF16, device=CUDA)
+def _mla_case(B: int, ctx: int, sets: int, page: int = 64):
+    """A decode batch of B requests of ctx keys each in a paged bf16 pool (random pages), one table per set."""
+    pages = (ctx + page - 1) // page
+    pool = torch.randn(B * pages * page * sets, MLA_LAT, dtype=BF16, device=CUDA)
     q = torch.randn(B, MLA_HEADS, MLA_LAT, dtype=BF16, device=CUDA)
-    indptr = torch.arange(0, (B + 1) * ctx, ctx, dtype=torch.int32, device=CUDA)
-    index_sets = [torch.randperm(ctx * B, device=CUDA) + s * B * ctx for s in range(sets)]
-    return pool, q, indptr, index_sets
+    tables = [(torch.randperm(B * pages, device=CUDA) + s * B * pages).view(B, pages).to(torch.int32)
+              for s in range(sets)]
+    lens = torch.full((B,), ctx, dtype=torch.int32, device=CUDA)
+    return pool, q, tables, lens, page
 
 
 def bench_mla(args):
+    """The k3_dcp_mla kernel at decode (one rank, c = 1: every key of the request), checked against the torch path."""
     rows = []
     scale = 192 ** -0.5
-    pool, q, indptr, idx = _mla_case(*MLA_CHECK, 1)
-    o_ref, lse_ref = dispatch.mla_decode(q.double(), pool.double(), idx[0], indptr, MLA_V, scale, backend="torch")
-    o, lse = dispatch.mla_decode(q, pool, idx[0], indptr, MLA_V, scale, backend="triton")
+    pool, q, tables, lens, page = _mla_case(*MLA_CHECK, 1)
+    q_ptr = torch.arange(MLA_CHECK[0] + 1, dtype=torch.int32, device=CUDA)
+    o_ref, lse_ref = dispatch.mla_dcp(q.double(), pool.double(), tables[0], q_ptr, lens, lens, page, 1, 0, MLA_V,
+                                      scale, backend="torch")
+    o, lse = dispatch.mla_dcp(q, pool, tables[0], q_ptr, lens, lens, page, 1, 0, MLA_V, scale, q_len=1,
+                              backend="triton")
     check = _two(_rel(o_ref, o), _rel(lse_ref, lse))
     for B in [b for b in args.batches if b <= 32]:
         ctx = args.context
         sets = n_sets(B * ctx * MLA_LAT * 2)
-        pool, q, indptr, idx = _mla_case(B, ctx, sets)
+        pool, q, tables, lens, page = _mla_case(B, ctx, sets)
+        q_ptr = torch.arange(B + 1, dtype=torch.int32, device=CUDA)
         splits = default_num_splits(B, triton.cdiv(MLA_HEADS, 32), ctx, torch.device(CUDA))
-        ms = median_ms(lambda i: mla_decode_absorbed_triton(q, pool, idx[i % sets], indptr, MLA_V, scale, splits),
+        ms = median_ms(lambda i: mla_dcp_attention_triton(q, pool, tables[i % sets], q_ptr, lens, lens, page, 1, 0,
+                                                          MLA_V, scale, q_len=1, num_splits=splits),
                        args.iters, args.warmup)
-        nbytes = B * ctx * (MLA_LAT * 2 + 4) + B * MLA_HEADS * (MLA_LAT + MLA_V) * 2
+        nbytes = B * ctx * (MLA_LAT * 2) + B * MLA_HEADS * (MLA_LAT + MLA_V) * 2
         flops = 2 * B * MLA_HEADS * ctx * (MLA_LAT + MLA_V)
         rows.append(("mla_decode", f"B={B} ctx={ctx} Hh={MLA_HEADS} P={splits}", ms, nbytes, flops, check))
         del pool

@@ -1,0 +1,39 @@
+"""SGLang general plugin `k3_dcp_mla` (entry point in pyproject.toml): the k3_dcp_mla backend and its model-override
+hook for SGLang's own K3 on a GPU host (CUDA; ROCm and Blackwell keep SGLang's DCP backends unless asked).
+
+Inert when the portable model is registered (it runs MLA attention itself), and on the k3_cpu platform, where the
+SGLang-K3-on-CPU plugin (`k3_sglang/sglang_cpu/hooks.py`) installs the same backend and hook together with the CPU
+paths of SGLang's DCP helpers.
+"""
+from __future__ import annotations
+
+import os
+
+from k3_sglang.dcp_mla.overrides import OVERRIDES_TARGET, collect_overrides_with_k3_dcp_mla
+
+
+def active() -> bool:
+    """True where SGLang's own K3 may serve on a GPU host (no portable model registered, not the k3_cpu platform)."""
+    from k3_sglang.platform import PLATFORM_NAME
+    from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
+
+    return (os.environ.get("SGLANG_PLATFORM") != PLATFORM_NAME
+            and os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") != PORTABLE_PACKAGE)
+
+
+def installed_hooks():
+    """(target, hook, hook type name) of every hook `register` installs."""
+    return [(OVERRIDES_TARGET, collect_overrides_with_k3_dcp_mla, "AROUND")]
+
+
+def register() -> None:
+    """Entry point: the override hook and the backend registration, or nothing when inactive."""
+    if not active():
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from k3_sglang.dcp_mla import backend
+
+    for target, hook, kind in installed_hooks():
+        HookRegistry.register(target, hook, HookType[kind])
+    backend.register()
