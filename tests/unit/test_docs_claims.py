@@ -10,14 +10,17 @@ import re
 from pathlib import Path
 
 from k3_sglang.model.settings import WorkerSettings
+from k3_sglang.serving.kv_events_config import KvEventsSettings
 from k3_sglang.serving.portable_limits import SUPPORTED_PARALLEL_SIZES, SUPPORTED_SPECULATIVE_ALGORITHMS
+from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
 from k3_sglang.spec.settings import SpecSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # K3_ names in the docs that are not settings: the algorithm, the GPU test switch, the rendered scripts' variables
-NOT_SETTINGS = {"K3_CSV", "K3_KERNEL_TESTS_ON_GPU", "K3_SERVE_ARGS", "K3_ROUTER_ARGS", "K3_SPEC_"}
+# and the switch `k3 serve` sets for its own SGLang plugins
+NOT_SETTINGS = {"K3_CSV", "K3_KERNEL_TESTS_ON_GPU", "K3_SERVE_ARGS", "K3_ROUTER_ARGS", "K3_SPEC_", "K3_SERVE_HOOKS"}
 
 
 def _dispatch_calls() -> set[str]:
@@ -56,7 +59,7 @@ def test_architecture_md_states_the_portable_limits():
 
 def _settings_variables() -> set[str]:
     names = set()
-    for model in (ServeSettings, WorkerSettings, SpecSettings):
+    for model in (ServeSettings, WorkerSettings, SpecSettings, KvEventsSettings, RetentionSettings):
         names |= {model.env_name(f) for f, info in model.model_fields.items() if info.annotation is not SpecSettings}
     return names
 
