@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags
+from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags
 from k3_sglang.plan.sessions import CPU_MIN_SESSION_TOKENS, DEFAULT_STATES_PER_PATH, UNCAPPED, device_state_slots
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE, ServedModel
 from k3_sglang.serving.pd_cpu import missing_transfer_engine, pd_cpu_env, pd_cpu_flags
@@ -252,15 +254,18 @@ def served_model(settings: ServeSettings, model_path: Path, default_tiny: bool, 
         raise CliError(str(exc)) from None
 
 
-def check_portable(argv: list[str]) -> None:
-    """Raise CliError (exit 2) listing every reason the portable model cannot serve this command line."""
+def check_portable(argv: list[str], cpu_env: dict[str, str] | None = None) -> None:
+    """Raise CliError (exit 2) listing every reason the portable model cannot serve this command line; with
+    cpu_env (a CPU host: the server's environment) also what HiCache cannot do there (hicache/serve_flags.py)."""
     from k3_sglang.cli import CliError
+    from k3_sglang.hicache.serve_flags import cpu_hicache_refusals
     from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals, refusal_message
 
     try:
-        reasons = portable_refusals(parse_sglang_argv(argv))
+        parsed = parse_sglang_argv(argv)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    reasons = portable_refusals(parsed) + (cpu_hicache_refusals(parsed, cpu_env) if cpu_env is not None else [])
     if reasons:
         raise CliError(refusal_message(reasons))
 
@@ -289,11 +294,12 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(missing)
     if on_cpu:
         argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
-    if model.portable:
-        check_portable(argv)
+        argv += cpu_hicache_flags(args.extra_args)  # HiCache on CPU (hicache/serve_flags.py); [] otherwise
     env = serving_env(args.extra_args, on_cpu, model.portable)
     if on_cpu:
-        env = pd_cpu_env(args.extra_args, args.host, env)
+        env = cpu_hicache_env(args.extra_args, args.host, pd_cpu_env(args.extra_args, args.host, env))
+    if model.portable:
+        check_portable(argv, env if on_cpu else None)
     command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]
     if args.dry_run:
         print(f"# model: {model.name} ({model.reason})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from k3_sglang.hicache.serve_flags import cpu_hicache_refusals
 from k3_sglang.serving.guards import RequestGuard
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
 from k3_sglang.serving.portable_limits import portable_refusals, refusal_message
@@ -37,7 +38,8 @@ def main(argv: list[str]) -> None:
     load_plugins()
     server_args = prepare_server_args(argv)
     if os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
-        reasons = portable_refusals(server_args)
+        reasons = portable_refusals(server_args) + (
+            cpu_hicache_refusals(server_args) if os.environ.get("SGLANG_PLATFORM") == "k3_cpu" else [])
         if reasons:
             print(f"k3 serve: error: {refusal_message(reasons)}", file=sys.stderr, flush=True)
             sys.exit(2)
