@@ -18,6 +18,7 @@ BENCH_TARGETS: dict[str, tuple[str, str]] = {
     "router": ("k3_sglang.bench.router", "router placement latency, memory and proxy overhead"),
     "verify": ("k3_sglang.bench.verify", "no-spec vs verify-all vs confidence-scheduled K3_CSV, concurrency 1-64"),
     "profile-verify": ("k3_sglang.bench.profile_verify", "K3_CSV verify/decode step cost -> docs/verify-cost-cpu.json"),
+    "sessions": ("k3_sglang.bench.sessions", "round-robin agent sessions: HiCache off vs host tier vs host + L3"),
 }
 
 

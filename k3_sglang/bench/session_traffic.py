@@ -66,11 +66,14 @@ class TurnRecord:
 
 
 def plan_session_prompts(traffic: SessionTraffic) -> tuple[list[list[int]], list[list[list[int]]]]:
-    """(openings [N][first_tokens], tool outputs [N][turns-1][tool_tokens]): every random id the run appends."""
-    rng = random.Random(traffic.seed)
-    draw = lambda n: [rng.randrange(*TOKEN_RANGE) for _ in range(n)]  # noqa: E731
-    openings = [draw(traffic.first_tokens) for _ in range(traffic.sessions)]
-    tools = [[draw(traffic.tool_tokens) for _ in range(traffic.turns - 1)] for _ in range(traffic.sessions)]
+    """(openings [N][first_tokens], tool outputs [N][turns-1][tool_tokens]): every random id the run appends.
+    Each session draws from its own stream, so a run with more turns or sessions extends a shorter one."""
+    openings, tools = [], []
+    for s in range(traffic.sessions):
+        rng = random.Random(f"{traffic.seed}/{s}")
+        openings.append([rng.randrange(*TOKEN_RANGE) for _ in range(traffic.first_tokens)])
+        tools.append([[rng.randrange(*TOKEN_RANGE) for _ in range(traffic.tool_tokens)]
+                      for _ in range(traffic.turns - 1)])
     return openings, tools
 
 

@@ -4,7 +4,7 @@ are both selected (a CUDA host and plain `sglang serve` are never touched).
 
 SGLang 0.5.23 builds its hybrid host pools (MLA latent pages + KDA state slots, `hybrid_pool_assembler.
 build_hybrid_mamba_stack`), cache controller, transfer engine and storage backends on any platform; a CPU host
-lacks two things, each passed by one narrow hook:
+lacks three things, each passed by one narrow hook:
 
 1. Pinned host memory. `HostKVCache.__init__` (the MLA host pool) and `MambaPoolHost.__init__` (the KDA state host
    pool) default to `pin_memory=True`: cudaHostRegister of the buffers at start, and `torch.zeros(pin_memory=True)`
@@ -17,6 +17,11 @@ lacks two things, each passed by one narrow hook:
    supplied in torch (hicache/transfer_ops.py, checked against a per-token reference and through SGLang's own
    host pools) by an AROUND hook on the stack assembly that binds the names those modules lack, once, before any
    pool is built.
+3. A GPU server's host-memory headroom. `pool_host.base.host_memory_budget_bytes` (every host pool's allocation
+   check) keeps 10 GiB of host RAM free (`HICACHE_HOST_MEMORY_RESERVE_BYTES`) beside a GPU server; on a CPU host
+   the device pools already live in that RAM, and on a 24 GB machine with less than 10 GiB free SGLang refuses
+   even a 10 MB host tier ("Not enough host memory available ... -1.63 GB free"). The AROUND hook runs the check
+   with CPU_HOST_RESERVE_BYTES (1 GiB) in that constant for the call.
 
 With `K3_HICACHE_FAULT=corrupt-restored-kda` (tests only, hicache/settings.py) a fourth hook corrupts every KDA state
 the host tier restores, the sabotage control of the end-to-end tests. `installed_hooks()` lists what `register()`
@@ -33,6 +38,8 @@ from k3_sglang.hicache.transfer_ops import DIRECT_OPS
 KV_HOST_POOL_TARGET = "sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__"
 STATE_HOST_POOL_TARGET = "sglang.srt.mem_cache.pool_host.mamba.MambaPoolHost.__init__"
 MAMBA_STACK_TARGET = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.build_hybrid_mamba_stack"
+HOST_BUDGET_TARGET = "sglang.srt.mem_cache.pool_host.base.host_memory_budget_bytes"
+CPU_HOST_RESERVE_BYTES = 1 << 30
 STATE_LOAD_TARGET = "sglang.srt.mem_cache.pool_host.mamba.MambaPoolHost.load_to_device_per_layer"
 TRANSFER_MODULES = ("sglang.srt.mem_cache.pool_host.mla", "sglang.srt.mem_cache.pool_host.mamba")
 
@@ -69,14 +76,27 @@ def build_stack_with_cpu_ops(original, *args, **kwargs):
     return original(*args, **kwargs)
 
 
+def budget_with_cpu_reserve(original, *args, **kwargs):
+    """AROUND hook 3: SGLang's host-memory budget with a 1 GiB reserve instead of 10 GiB, for this call."""
+    from sglang.srt.mem_cache.pool_host import base
+
+    saved = base.HICACHE_HOST_MEMORY_RESERVE_BYTES
+    base.HICACHE_HOST_MEMORY_RESERVE_BYTES = min(saved, CPU_HOST_RESERVE_BYTES)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        base.HICACHE_HOST_MEMORY_RESERVE_BYTES = saved
+
+
 def corrupt_restored_kda(original, self, device_pool, host_indices, device_indices, layer_id, *args, **kwargs):
-    """AROUND (K3_HICACHE_FAULT=corrupt-restored-kda only): restore one layer's KDA states, then add 1 to the
-    restored recurrent states (temporal [layers, slots, H, K, V], the slots in device_indices)."""
+    """AROUND (K3_HICACHE_FAULT=corrupt-restored-kda only): restore one layer's KDA states, then overwrite the
+    restored recurrent states (temporal [layers, slots, H, K, V], the slots in device_indices) with NaN. (k3-tiny's
+    random-weight KDA forgets within a few tokens, so a small perturbation would not reach the answers; NaN does.)"""
     result = original(self, device_pool, host_indices, device_indices, layer_id, *args, **kwargs)
     temporal = self.buffer_info.temporal
     if temporal.numel() and layer_id < temporal.shape[0]:
         slots = device_indices.reshape(-1).to(device=temporal.device, dtype=torch.long)
-        temporal[layer_id].index_add_(0, slots, temporal.new_ones((slots.numel(), *temporal.shape[2:])))
+        temporal[layer_id].index_fill_(0, slots, float("nan"))
     return result
 
 
@@ -84,7 +104,8 @@ def installed_hooks(fault: str = "none"):
     """(target, hook, hook type name) of every hook `register` installs (the fault hook only when asked for)."""
     hooks = [(KV_HOST_POOL_TARGET, pageable_host_pool, "AROUND"),
              (STATE_HOST_POOL_TARGET, pageable_host_pool, "AROUND"),
-             (MAMBA_STACK_TARGET, build_stack_with_cpu_ops, "AROUND")]
+             (MAMBA_STACK_TARGET, build_stack_with_cpu_ops, "AROUND"),
+             (HOST_BUDGET_TARGET, budget_with_cpu_reserve, "AROUND")]
     if fault == "corrupt-restored-kda":
         hooks.append((STATE_LOAD_TARGET, corrupt_restored_kda, "AROUND"))
     return hooks

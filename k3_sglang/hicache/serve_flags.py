@@ -4,7 +4,7 @@ Defaults (each yields to the user's own flag or variable):
 - `--hicache-io-backend direct --hicache-mem-layout page_first_direct`: the copy path our plugin supplies in torch
   (hicache/hooks.py); SGLang's `kernel` backend and other layouts need CUDA ops that a CPU host cannot load.
 - Mooncake store (`--hicache-storage-backend mooncake`): TCP transport (`MOONCAKE_PROTOCOL=tcp`, no RDMA NIC),
-  a 512 MB segment per rank instead of SGLang's 4 GB, and on a loopback `--host` the client's address and TCP
+  a 512 MiB segment per rank instead of SGLang's 4 GiB, and on a loopback `--host` the client's address and TCP
   listener on that address (`MOONCAKE_LOCAL_HOSTNAME`, `MC_TCP_BIND_ADDRESS`).
 
 Refused before any server starts (exit 2, every reason listed), each because it is untested or cannot run here:
@@ -21,9 +21,12 @@ import socket
 
 HICACHE_FLAGS = ("--enable-hierarchical-cache", "--enable-hicache")
 CPU_HICACHE_DEFAULTS = {"--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct"}
+# SGLang's own cache-mode default, given explicitly: without it SGLang sizes the host tier from free memory after a
+# 10 GiB reserve and refuses to start on a 24 GB machine with less than that free.
+CPU_HICACHE_RATIO = "2"
 CPU_STORAGE_BACKENDS = ("file", "mooncake")
 CPU_WRITE_POLICIES = ("write_through",)
-CPU_MOONCAKE_ENV = {"MOONCAKE_PROTOCOL": "tcp", "MOONCAKE_DEVICE": "", "MOONCAKE_GLOBAL_SEGMENT_SIZE": "512mb"}
+CPU_MOONCAKE_ENV = {"MOONCAKE_PROTOCOL": "tcp", "MOONCAKE_DEVICE": "", "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(512 << 20)}
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 MASTER_CONNECT_TIMEOUT_S = 3.0
 
@@ -50,7 +53,10 @@ def cpu_hicache_flags(extra: list[str]) -> list[str]:
     """SGLang flags to append for HiCache on CPU (none when HiCache is off or the user set them)."""
     if not hicache_requested(extra):
         return []
-    return [w for flag, value in CPU_HICACHE_DEFAULTS.items() if not _has(extra, flag) for w in (flag, value)]
+    flags = [w for flag, value in CPU_HICACHE_DEFAULTS.items() if not _has(extra, flag) for w in (flag, value)]
+    if not _has(extra, "--hicache-ratio") and not _has(extra, "--hicache-size"):
+        flags += ["--hicache-ratio", CPU_HICACHE_RATIO]
+    return flags
 
 
 def cpu_hicache_env(extra: list[str], host: str, env: dict[str, str]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 K3_HICACHE_FAULT: fault injection for the tests' sabotage controls, never for serving.
 - `none` (default): nothing is injected.
-- `corrupt-restored-kda`: every KDA state the host tier restores to the device gets +1 on its recurrent state
+- `corrupt-restored-kda`: every KDA recurrent state the host tier restores to the device is overwritten with NaN
   after the copy (hooks.corrupt_restored_kda), so a test that compares outputs must see the difference.
 """
 from __future__ import annotations

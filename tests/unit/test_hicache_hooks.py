@@ -21,6 +21,7 @@ def test_every_hook_target_exists_in_the_installed_sglang():
         owner, attr = target.rsplit(".", 1)
         assert callable(getattr(pkgutil.resolve_name(owner), attr)), target
         assert kind == "AROUND" and callable(hook)
+    assert len(hooks.installed_hooks()) == 4
 
 
 def test_host_pools_still_take_pin_memory_as_a_keyword_and_default_to_pinned():
@@ -63,6 +64,18 @@ def test_binding_fills_only_missing_names(monkeypatch):
     assert seen == [((1,), {"x": 2})]
 
 
+def test_host_budget_runs_with_the_cpu_reserve_and_restores_it():
+    from sglang.srt.mem_cache.pool_host import base
+
+    assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 * (1 << 30)  # SGLang's GPU-server headroom, still there
+    assert "HICACHE_HOST_MEMORY_RESERVE_BYTES" in inspect.getsource(base.host_memory_budget_bytes)
+    seen = hooks.budget_with_cpu_reserve(lambda *a, **k: base.HICACHE_HOST_MEMORY_RESERVE_BYTES, 5)
+    assert seen == hooks.CPU_HOST_RESERVE_BYTES and base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 10 * (1 << 30)
+    free = base.available_host_memory_bytes(allow_cgroup_fallback=True)
+    budget = hooks.budget_with_cpu_reserve(base.host_memory_budget_bytes)
+    assert abs(budget - (free - hooks.CPU_HOST_RESERVE_BYTES)) < (512 << 20)  # free memory moves a little
+
+
 def test_pageable_hook_forces_pin_memory_off():
     assert hooks.pageable_host_pool(lambda *a, **k: k, 1, pin_memory=True) == {"pin_memory": False}
     assert hooks.pageable_host_pool(lambda *a, **k: k, 1) == {"pin_memory": False}
@@ -100,7 +113,7 @@ def test_corrupt_hook_touches_only_the_restored_slots_of_its_layer():
     temporal = torch.zeros(2, 5, 1, 2, 2)
     pool = SimpleNamespace(buffer_info=SimpleNamespace(temporal=temporal))
     hooks.corrupt_restored_kda(lambda *a, **k: None, pool, None, None, torch.tensor([1, 3]), 1)
-    assert temporal[1, [1, 3]].eq(1).all() and temporal.sum() == 8
+    assert temporal[1, [1, 3]].isnan().all() and temporal.isnan().sum() == 8
 
 
 def _args(**kw):
@@ -112,8 +125,8 @@ def _args(**kw):
 def test_serve_defaults_and_refusals():
     assert cpu_hicache_flags(["--dtype", "float32"]) == []
     assert cpu_hicache_flags(["--enable-hicache"]) == ["--hicache-io-backend", "direct", "--hicache-mem-layout",
-                                                       "page_first_direct"]
-    assert cpu_hicache_flags(["--enable-hierarchical-cache", "--hicache-io-backend=kernel"]) == [
+                                                       "page_first_direct", "--hicache-ratio", "2"]
+    assert cpu_hicache_flags(["--enable-hierarchical-cache", "--hicache-io-backend=kernel", "--hicache-size", "1"]) == [
         "--hicache-mem-layout", "page_first_direct"]
     assert cpu_hicache_refusals(_args(enable_hierarchical_cache=False, hicache_io_backend="kernel")) == []
     assert cpu_hicache_refusals(_args(hicache_storage_backend="file")) == []
@@ -134,5 +147,5 @@ def test_mooncake_needs_a_master_that_answers():
     env = cpu_hicache_env(["--enable-hicache", "--hicache-storage-backend", "mooncake"], "127.0.0.1",
                           {"MOONCAKE_PROTOCOL": "rdma"})
     assert env["MOONCAKE_PROTOCOL"] == "rdma" and env["MOONCAKE_LOCAL_HOSTNAME"] == "127.0.0.1"
-    assert env["MC_TCP_BIND_ADDRESS"] == "127.0.0.1" and env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == "512mb"
+    assert env["MC_TCP_BIND_ADDRESS"] == "127.0.0.1" and env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == str(512 << 20)
     assert cpu_hicache_env(["--enable-hicache"], "127.0.0.1", {}) == {}
