@@ -3,9 +3,8 @@ own DCP machinery (groups, widened virtual allocator, owner-filtered MLA writes)
 
 SGLang 0.5.23 builds DCP groups, the virtual page allocator (page P * c, owner v mod c, physical v // c) and the
 owner-filtered `set_mla_kv_buffer` on every platform; four places gate it (or the KDA prefix cache it needs) to GPU
-builds and are hooked here, only
-when both the k3_cpu platform and the portable model are selected (a CUDA host and plain `sglang serve` are never
-touched):
+builds and are hooked here; (1)-(3) only when both the k3_cpu platform and the portable model are selected, (4) on
+the k3_cpu platform for either K3 model (a CUDA host and plain `sglang serve` are never touched):
 
 1. `arg_groups.model_hook.collect_model_override_declarations` (the name its caller bound): for K3 architectures under `--dcp-size > 1` the
    provider `_kimi_k3_overrides` forces the `cutedsl_mla`/`aiter` GPU decode backends and raises on any other. Our
@@ -40,13 +39,18 @@ PARALLEL_INIT_TARGET = "sglang.srt.distributed.bootstrap.initialize_model_parall
 DECODE_PREP_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
 
 
+def on_k3_cpu() -> bool:
+    """True when SGLang runs on our CPU platform (either K3 model)."""
+    from k3_sglang.platform import PLATFORM_NAME
+
+    return os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME
+
+
 def active() -> bool:
     """True when SGLang runs on our CPU platform with the portable model (what `k3 serve` sets on CPU)."""
-    from k3_sglang.platform import PLATFORM_NAME
     from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
 
-    return (os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME
-            and os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE)
+    return on_k3_cpu() and os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE
 
 
 def collect_overrides_without_gpu_dcp(original, *args, **kwargs):
@@ -106,19 +110,21 @@ def _pageable(tensor, *args, **kwargs):
     return tensor
 
 
-def installed_hooks():
-    """(target, hook, hook type name) of every hook `register` installs."""
-    return [(OVERRIDES_TARGET, collect_overrides_without_gpu_dcp, "AROUND"),
-            (ALLOC_PAGE_TARGET, alloc_page_size, "REPLACE"),
-            (PARALLEL_INIT_TARGET, init_parallel_with_cpu_dcp, "AROUND"),
-            (DECODE_PREP_TARGET, prepare_for_decode_pageable, "AROUND")]
+def installed_hooks(portable: bool = True):
+    """(target, hook, hook type name) of every hook `register` installs: (4) on the k3_cpu platform for either K3
+    model, (1)-(3) as well for the portable model (SGLang's K3 takes DCP through its own backend path)."""
+    dcp = [(OVERRIDES_TARGET, collect_overrides_without_gpu_dcp, "AROUND"),
+           (ALLOC_PAGE_TARGET, alloc_page_size, "REPLACE"),
+           (PARALLEL_INIT_TARGET, init_parallel_with_cpu_dcp, "AROUND")]
+    platform = [(DECODE_PREP_TARGET, prepare_for_decode_pageable, "AROUND")]
+    return dcp + platform if portable else platform
 
 
 def register() -> None:
-    """Entry point: register the hooks with SGLang's HookRegistry (it applies them), or do nothing when inactive."""
-    if not active():
+    """Entry point: register the hooks with SGLang's HookRegistry (it applies them), or do nothing off k3_cpu."""
+    if not on_k3_cpu():
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    for target, hook, kind in installed_hooks():
+    for target, hook, kind in installed_hooks(portable=active()):
         HookRegistry.register(target, hook, HookType[kind])

@@ -52,7 +52,8 @@ def active() -> bool:
 
 
 def pageable_host_pool(original, *args, **kwargs):
-    """AROUND hooks 1: a host pool's constructor with pin_memory=False (both pools take it as a keyword)."""
+    """AROUND a host pool's constructor (`HostKVCache`, `MambaPoolHost`): pin_memory=False, so no cudaHostRegister
+    of its buffers and no pinned staging page per L3 read (both need an NVIDIA driver)."""
     kwargs["pin_memory"] = False
     return original(*args, **kwargs)
 
@@ -71,13 +72,15 @@ def bind_direct_transfer_ops() -> list[str]:
 
 
 def build_stack_with_cpu_ops(original, *args, **kwargs):
-    """AROUND hook 2: SGLang's MLA + KDA host-pool assembly, with the direct copy ops bound first."""
+    """AROUND SGLang's MLA + KDA host-pool assembly: first binds torch versions of the three `direct` copy ops
+    (hicache/transfer_ops.py) into pool_host.mla / pool_host.mamba, which import them from sgl_kernel on CUDA only."""
     bind_direct_transfer_ops()
     return original(*args, **kwargs)
 
 
 def budget_with_cpu_reserve(original, *args, **kwargs):
-    """AROUND hook 3: SGLang's host-memory budget with a 1 GiB reserve instead of 10 GiB, for this call."""
+    """AROUND every host pool's allocation check: a 1 GiB host-RAM reserve instead of a GPU server's 10 GiB for
+    this call (on CPU the device pools already live in that RAM)."""
     from sglang.srt.mem_cache.pool_host import base
 
     saved = base.HICACHE_HOST_MEMORY_RESERVE_BYTES

@@ -56,6 +56,7 @@ class ReferenceK3:
 
     def __init__(self, cfg: K3Config, tensors: dict[str, torch.Tensor]):
         self.cfg, self.w = cfg, tensors
+        self._margins: list[torch.Tensor] | None = None  # set while routing_margins records
 
     def _t(self, name: str) -> torch.Tensor:
         return self.w[name]
@@ -75,7 +76,11 @@ class ReferenceK3:
         """Dense formulation: every expert on every token, combined by a [T, E] weight matrix (zeros off-route)."""
         m, s = self.cfg.moe, self.cfg.situ
         scores = torch.sigmoid(x @ self._t(pre + "gate.weight").T)  # [T, E]
-        ids = torch.topk(scores + self._t(pre + "gate.e_score_correction_bias"), m.num_experts_per_token, dim=-1).indices
+        biased = scores + self._t(pre + "gate.e_score_correction_bias")
+        ids = torch.topk(biased, m.num_experts_per_token, dim=-1).indices
+        if self._margins is not None and m.num_experts_per_token < m.num_experts:
+            top = torch.topk(biased, m.num_experts_per_token + 1, dim=-1).values
+            self._margins.append(top[:, -2] - top[:, -1])
         picked = torch.zeros_like(scores).scatter(1, ids, 1.0) * scores
         if m.renormalize:
             picked = picked / (picked.sum(-1, keepdim=True) + 1e-20)
@@ -143,6 +148,17 @@ class ReferenceK3:
             live = live + (self._moe(h2, pre + "block_sparse_moe.") if cfg.moe.is_moe_layer(i) else self._mlp(h2, pre + "mlp."))
         out = _rms(self._read(bank, live, "model.output_attn"), self._t("model.norm.weight"), cfg.rms_norm_eps)
         return out @ self._t("lm_head.weight").T
+
+    def routing_margins(self, ids: list[int]) -> torch.Tensor:
+        """[T]: per position, the smallest gap over the MoE layers between the k-th and (k+1)-th biased expert
+        score (the routing choice). A gap near zero is a near-tie that rounding elsewhere may flip."""
+        self._margins = []
+        try:
+            self.logits(ids)
+            margins = self._margins
+        finally:
+            self._margins = None
+        return torch.stack(margins).min(0).values if margins else torch.full((len(ids),), float("inf"))
 
     def greedy(self, ids: list[int], new_tokens: int) -> list[int]:
         seq = list(ids)

@@ -54,6 +54,17 @@ PORTABLE_DEFAULTS = {
     "--cuda-graph-backend-prefill": "disabled",
 }
 PORTABLE_FLAGS = ("--disable-overlap-schedule",)
+# SGLang's own K3 on the k3_cpu platform (k3_sglang/sglang_cpu): its absorbed MLA on our `k3_cpu_mla` backend, the
+# checkpoint's own quantization config (MXFP4 experts upcast by SGLang's MXFP4 method), text only, eager, and the
+# no_buffer KDA prefix cache (which needs the overlap scheduler off). serving/sglang_cpu_limits.py refuses the rest.
+SGLANG_CPU_DEFAULTS = {
+    "--attention-backend": "k3_cpu_mla",
+    "--json-model-override-args": '{"language_model_only": true}',
+    "--mamba-radix-cache-strategy": "no_buffer",
+    "--cuda-graph-backend-decode": "disabled",
+    "--cuda-graph-backend-prefill": "disabled",
+}
+SGLANG_CPU_FLAGS = ("--disable-overlap-schedule",)
 # Both models: K3's XTML reasoning and tool-call channels.
 COMMON_DEFAULTS = {"--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3"}
 COMMON_FLAGS: tuple[str, ...] = ()
@@ -146,7 +157,9 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
                 portable: bool = True) -> list[str]:
     """SGLang's command line: ours (host, port, the defaults the user did not override), then the user's flags."""
     argv = ["--model-path", str(model_path), "--host", host, "--port", str(port)]
-    defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if portable else {}), **(CPU_DEFAULTS if on_cpu else {})}
+    sglang_cpu = on_cpu and not portable
+    defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if portable else {}),
+                **(SGLANG_CPU_DEFAULTS if sglang_cpu else {}), **(CPU_DEFAULTS if on_cpu else {})}
     dcp = int(_flag_value(extra, "--dcp-size", _flag_value(extra, "--decode-context-parallel-size", "1")))
     dcp_flags: tuple[str, ...] = ()
     if portable and dcp > 1 and (_has_flag(extra, "--speculative-algorithm")
@@ -160,7 +173,8 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
     for flag, value in defaults.items():
         if not _has_flag(extra, flag):
             argv += [flag, value]
-    flags = COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (CPU_FLAGS if on_cpu else ()) + dcp_flags
+    flags = (COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (SGLANG_CPU_FLAGS if sglang_cpu else ())
+             + (CPU_FLAGS if on_cpu else ()) + dcp_flags)
     argv += [f for f in flags if not _has_flag(extra, f)]
     slots = cpu_state_slots(argv + extra) if on_cpu and not _has_flag(extra, "--max-mamba-cache-size") else None
     if slots is not None:
@@ -254,20 +268,28 @@ def served_model(settings: ServeSettings, model_path: Path, default_tiny: bool, 
         raise CliError(str(exc)) from None
 
 
-def check_portable(argv: list[str], cpu_env: dict[str, str] | None = None) -> None:
-    """Raise CliError (exit 2) listing every reason the portable model cannot serve this command line; with
-    cpu_env (a CPU host: the server's environment) also what HiCache cannot do there (hicache/serve_flags.py)."""
+def check_served(argv: list[str], portable: bool, cpu_env: dict[str, str] | None = None) -> None:
+    """Raise CliError (exit 2) listing every reason the chosen model cannot serve this command line here (the
+    portable model anywhere, SGLang's K3 on the k3_cpu platform); with cpu_env (a CPU host: the server's
+    environment) also what HiCache cannot do there (hicache/serve_flags.py)."""
     from k3_sglang.cli import CliError
     from k3_sglang.hicache.serve_flags import cpu_hicache_refusals
+    from k3_sglang.serving import sglang_cpu_limits
     from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals, refusal_message
 
     try:
-        parsed = parse_sglang_argv(argv)
+        args = parse_sglang_argv(argv)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    reasons = portable_refusals(parsed) + (cpu_hicache_refusals(parsed, cpu_env) if cpu_env is not None else [])
+    hicache = cpu_hicache_refusals(args, cpu_env) if cpu_env is not None else []
+    if portable:
+        reasons = portable_refusals(args) + hicache
+        if reasons:
+            raise CliError(refusal_message(reasons))
+        return
+    reasons = sglang_cpu_limits.refusals(args) + hicache
     if reasons:
-        raise CliError(refusal_message(reasons))
+        raise CliError(sglang_cpu_limits.refusal_message(reasons))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -298,8 +320,8 @@ def run(args: argparse.Namespace) -> int:
     env = serving_env(args.extra_args, on_cpu, model.portable)
     if on_cpu:
         env = cpu_hicache_env(args.extra_args, args.host, pd_cpu_env(args.extra_args, args.host, env))
-    if model.portable:
-        check_portable(argv, env if on_cpu else None)
+    if model.portable or on_cpu:
+        check_served(argv, model.portable, env if on_cpu else None)
     command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]
     if args.dry_run:
         print(f"# model: {model.name} ({model.reason})")

@@ -2,8 +2,8 @@
 
 Run as `python -m k3_sglang.serving.launch <sglang args>` with the environment `k3 serve` composed
 (SGLANG_EXTERNAL_MODEL_PACKAGE for the portable model, SGLANG_PLATFORM=k3_cpu on CPU). When the portable
-model is registered, the parsed ServerArgs (a `--config` file included) are checked again before any
-server starts: exit code 2 and the reasons, as `k3 serve` gives them.
+model is registered, or SGLang's own K3 runs on the k3_cpu platform, the parsed ServerArgs (a `--config` file
+included) are checked again before any server starts: exit code 2 and the reasons, as `k3 serve` gives them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import os
 import sys
 
 from k3_sglang.hicache.serve_flags import cpu_hicache_refusals
+from k3_sglang.platform import PLATFORM_NAME
 from k3_sglang.serving.guards import RequestGuard
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
+from k3_sglang.serving import sglang_cpu_limits
 from k3_sglang.serving.portable_limits import portable_refusals, refusal_message
 from k3_sglang.serving.settings import ServeSettings
 
@@ -27,6 +29,19 @@ def _ready_line(host: str, port: int, model: str) -> str:
     )
 
 
+READY_LINE_TARGET = "sglang.srt.entrypoints.http_server.launch_server"
+_sglang_launch_server = None  # SGLang's own launch_server, set by main() before it is replaced
+
+
+def launch_with_ready_line(args, *a, **kw):
+    """SGLang's `launch_server` with a `launch_callback` that prints our ready line once SGLang reports ready."""
+    def announce():
+        print(_ready_line(args.host, args.port, args.model_path), flush=True)
+
+    kw.setdefault("launch_callback", announce)
+    return _sglang_launch_server(args, *a, **kw)
+
+
 def main(argv: list[str]) -> None:
     from sglang.launch_server import run_server
     from sglang.srt.entrypoints import http_server
@@ -37,22 +52,20 @@ def main(argv: list[str]) -> None:
     settings = ServeSettings.from_env()
     load_plugins()
     server_args = prepare_server_args(argv)
+    message = None
     if os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
         reasons = portable_refusals(server_args) + (
-            cpu_hicache_refusals(server_args) if os.environ.get("SGLANG_PLATFORM") == "k3_cpu" else [])
-        if reasons:
-            print(f"k3 serve: error: {refusal_message(reasons)}", file=sys.stderr, flush=True)
-            sys.exit(2)
+            cpu_hicache_refusals(server_args) if os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME else [])
+        message = refusal_message(reasons) if reasons else None
+    elif os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME:
+        reasons = sglang_cpu_limits.refusals(server_args)
+        message = sglang_cpu_limits.refusal_message(reasons) if reasons else None
+    if message:
+        print(f"k3 serve: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
     http_server.app.add_middleware(RequestGuard, max_n=settings.max_n)
-    original = http_server.launch_server
-
-    def launch_with_ready_line(args, *a, **kw):
-        def announce():
-            print(_ready_line(args.host, args.port, args.model_path), flush=True)
-
-        kw.setdefault("launch_callback", announce)
-        return original(args, *a, **kw)
-
+    global _sglang_launch_server
+    _sglang_launch_server = http_server.launch_server
     http_server.launch_server = launch_with_ready_line
     try:
         run_server(server_args)

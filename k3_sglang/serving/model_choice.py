@@ -1,10 +1,13 @@
 """Which K3 implementation `k3 serve` hands to SGLang.
 
 - SGLang's production K3 (`sglang.srt.models.kimi_k3`: TP/EP/PP, DCP, its KDA backends, MXFP4 MoE, CUDA graphs):
-  the default on CUDA for real checkpoints, served with the checkpoint's own quantization config.
-- The portable model (`k3_sglang.models`, registered through SGLANG_EXTERNAL_MODEL_PACKAGE): the only one on CPU;
-  on CUDA for the tiny checkpoint or when `K3_MODEL_IMPL=portable`. One rank, experts dequantised at load, kernels
-  through `k3_sglang.kernels.dispatch`; what it cannot serve is refused at start (serving/portable_limits.py).
+  the default on CUDA for real checkpoints, served with the checkpoint's own quantization config. On a CPU host
+  with `K3_MODEL_IMPL=sglang` it runs on our k3_cpu platform with the CPU kernels our general plugin
+  `k3_sglang_k3_cpu` plugs into SGLang's seams (k3_sglang/sglang_cpu); what it cannot serve there is refused at
+  start (serving/sglang_cpu_limits.py).
+- The portable model (`k3_sglang.models`, registered through SGLANG_EXTERNAL_MODEL_PACKAGE): the default on CPU;
+  on CUDA for the tiny checkpoint or when `K3_MODEL_IMPL=portable`. Experts dequantised at load, kernels through
+  `k3_sglang.kernels.dispatch`; what it cannot serve is refused at start (serving/portable_limits.py).
 """
 
 from __future__ import annotations
@@ -39,13 +42,14 @@ def choose_model(impl: str, on_cpu: bool, tiny: bool) -> ServedModel:
     """impl: K3_MODEL_IMPL (auto | portable | sglang). Raises ValueError for a choice this host cannot run."""
     if impl == "sglang":
         if on_cpu:
-            raise ValueError("K3_MODEL_IMPL=sglang needs a CUDA device: SGLang's K3 has no CPU path here "
-                             "(unset it to serve the portable model on CPU)")
+            return ServedModel(False, "K3_MODEL_IMPL=sglang: SGLang's own K3 on the k3_cpu platform, CPU kernels "
+                                      "plugged into its seams (k3_sglang/sglang_cpu)")
         return ServedModel(False, "K3_MODEL_IMPL=sglang")
     if impl == "portable":
         return ServedModel(True, "K3_MODEL_IMPL=portable")
     if on_cpu:
-        return ServedModel(True, "no CUDA device: the portable model is the CPU path")
+        return ServedModel(True, "no CUDA device: the portable model is the CPU default (K3_MODEL_IMPL=sglang "
+                                 "serves SGLang's own K3 here)")
     if tiny:
         return ServedModel(True, "the k3-tiny checkpoint (SGLang's K3 is for real checkpoints)")
     return ServedModel(False, "CUDA device and a full checkpoint")

@@ -176,6 +176,9 @@ def parse_sglang_argv(argv: list[str]) -> argparse.Namespace:
     ServerArgs resolution. Raises ValueError for a command line SGLang would reject."""
     from sglang.srt.server_args import ServerArgs
 
+    from k3_sglang.sglang_cpu import add_backend_choice
+
+    add_backend_choice()  # the k3_cpu_mla backend our plugin registers in SGLang's processes
     parser = _RaisingParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
     if "--config" in argv:

@@ -36,7 +36,7 @@ def _choice_env(name: str, default: str, choices: tuple[str, ...]) -> str:
 class ServeSettings:
     """K3_MAX_N: most completions one request may ask for; K3_CACHE_DIR: where the tiny checkpoint is built;
     K3_MODEL_IMPL: auto (the portable model on CPU and for the tiny checkpoint, SGLang's own K3 otherwise),
-    portable (this repo's model, also on CUDA) or sglang (SGLang's production K3; CUDA only)."""
+    portable (this repo's model, also on CUDA) or sglang (SGLang's production K3; on CPU through k3_sglang/sglang_cpu)."""
 
     max_n: int = 16
     cache_dir: Path = Path.home() / ".cache" / "k3-sglang"

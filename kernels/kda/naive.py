@@ -224,13 +224,14 @@ def _chunk_group_size(H: int, C: int, K: int, budget: int = 1 << 24) -> int:
 
 def chunk_kda(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
-    initial_state: torch.Tensor | None = None, chunk_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    initial_state: torch.Tensor | None = None, chunk_size: int = 64, chunk_states: bool = False,
+):
     """Chunkwise KDA (WY representation) over one sequence: same contract as naive_recurrent_kda.
 
     q, k [T, H, K] (L2-normalised), v [T, H, V], g [T, H, K] log-decay, beta [T, H], initial_state [H, K, V].
     T need not be a multiple of chunk_size (the tail is padded with no-op tokens: k = v = beta = g = 0).
-    Returns (o [T, H, V] in v.dtype, final_state [H, K, V] float32, float64 for float64 inputs).
+    Returns (o [T, H, V] in v.dtype, final_state [H, K, V] float32, float64 for float64 inputs), and with
+    chunk_states also the state entering each chunk, [ceil(T / chunk_size), H, K, V].
     """
     _check_sequence("chunk_kda", q, k, v, g, beta, initial_state)
     if chunk_size <= 0:
@@ -251,14 +252,19 @@ def chunk_kda(
     bc = to_chunks(beta[..., None])[..., 0]
     o = torch.empty(H, N, C, V, dtype=dt, device=k.device)
     step = _chunk_group_size(H, C, K)
+    entering = []
     for n0 in range(0, N, step):
         grp = slice(n0, min(N, n0 + step))
         W, U, A_qk, Q_g, K_d, decay = _intra_chunk(qc[:, grp], kc[:, grp], vc[:, grp], gc[:, grp], bc[:, grp])
         for i in range(W.shape[1]):
+            if chunk_states:
+                entering.append(S)
             v_new = U[:, i] - W[:, i] @ S
             o[:, n0 + i] = Q_g[:, i] @ S + A_qk[:, i] @ v_new
             S = decay[:, i, :, None] * S + K_d[:, i].transpose(-1, -2) @ v_new
     o = o.movedim(0, 2).reshape(N * C, H, V)[:T]
+    if chunk_states:
+        return o.to(v.dtype), S, (torch.stack(entering) if entering else S.new_zeros(0, *S.shape))
     return o.to(v.dtype), S
 
 

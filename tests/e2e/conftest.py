@@ -41,3 +41,12 @@ def reference(tiny_dir):
     from k3_sglang.model.reference import ReferenceK3, load_reference_tensors
 
     return ReferenceK3(K3Config.from_json(tiny_dir), load_reference_tensors(tiny_dir))
+
+
+
+@pytest.fixture(scope="session")
+def reference_outputs(reference) -> list[list[int]]:
+    """Reference greedy continuations (full recompute per token) of reference_prompts(), computed once."""
+    from tests.e2e.reference_checks import REFERENCE_NEW_TOKENS, reference_prompts
+
+    return [reference.greedy(ids, REFERENCE_NEW_TOKENS) for ids in reference_prompts()]

@@ -6,16 +6,10 @@ import httpx
 import pytest
 import torch
 
+from tests.e2e.reference_checks import REFERENCE_NEW_TOKENS as NEW_TOKENS
+from tests.e2e.reference_checks import reference_prompts as _prompts
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
-NEW_TOKENS = 32
-
-
-def _prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(1234)
-    return [torch.randint(0, 760, (n,), generator=gen).tolist() for n in (7, 45, 2 * CHUNK + 37)]
-
-
-CHUNK = 64  # the server fixture's --chunked-prefill-size
 
 
 def _generate(server, ids: list[int], new_tokens: int, **extra) -> dict:
@@ -23,12 +17,6 @@ def _generate(server, ids: list[int], new_tokens: int, **extra) -> dict:
     resp = httpx.post(server.url + "/generate", json=body, timeout=300)
     assert resp.status_code == 200, resp.text
     return resp.json()
-
-
-@pytest.fixture(scope="module")
-def reference_outputs(reference) -> list[list[int]]:
-    """Reference greedy continuations (full recompute per token) of the three prompts, computed once."""
-    return [reference.greedy(ids, NEW_TOKENS) for ids in _prompts()]
 
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["short", "medium", "crosses-chunks"])

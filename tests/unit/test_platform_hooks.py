@@ -31,17 +31,21 @@ def test_the_gates_are_still_where_the_hooks_expect_them():
     assert "is_hip() or is_cuda()" in source  # the platform check the AROUND hook passes
 
 
-def test_inert_unless_the_portable_model_runs_on_k3_cpu(monkeypatch):
+def test_inert_off_k3_cpu_and_dcp_gates_only_for_the_portable_model(monkeypatch):
     registered = []
     from sglang.srt.plugins import hook_registry
 
     monkeypatch.setattr(hook_registry.HookRegistry, "register", classmethod(lambda cls, *a, **k: registered.append(a)))
-    for platform, package in (("", "k3_sglang.models"), ("k3_cpu", ""), ("cuda", "k3_sglang.models")):
+    for platform, package in (("", "k3_sglang.models"), ("cuda", "k3_sglang.models"), ("cuda", "")):
         monkeypatch.setenv("SGLANG_PLATFORM", platform)
         monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", package)
         hooks.register()
     assert registered == []
     monkeypatch.setenv("SGLANG_PLATFORM", "k3_cpu")
+    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "")
+    hooks.register()  # SGLang's own K3 on k3_cpu: the pageable decode-prep copy only
+    assert [a[0] for a in registered] == [hooks.DECODE_PREP_TARGET]
+    registered.clear()
     monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.models")
     hooks.register()
     assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]

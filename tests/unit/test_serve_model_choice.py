@@ -105,11 +105,28 @@ def test_cpu_serves_the_portable_model(monkeypatch, launched):
     assert _flag(command, "--max-total-tokens") is not None
 
 
+def test_cpu_serves_sglangs_k3_on_request(monkeypatch, launched, capsys):
+    _on_cuda(monkeypatch, cuda=False)
+    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.models")  # an inherited export must not leak
+    monkeypatch.setenv("K3_MODEL_IMPL", "sglang")
+    assert main(["serve", "--dtype", "float32", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "# model: SGLang's K3 (sglang.srt.models.kimi_k3) (K3_MODEL_IMPL=sglang: SGLang's own K3 on the k3_cpu " \
+           "platform" in out and "-SGLANG_EXTERNAL_MODEL_PACKAGE" in out
+    assert main(["serve", "--dtype", "float32"]) == 0
+    [(command, env)] = launched
+    assert "SGLANG_EXTERNAL_MODEL_PACKAGE" not in env and env["SGLANG_PLATFORM"] == "k3_cpu"
+    assert env["SGLANG_MAMBA_CONV_DTYPE"] == "float32"
+    assert _flag(command, "--attention-backend") == "k3_cpu_mla"
+    assert json.loads(_flag(command, "--json-model-override-args")) == {"language_model_only": True}  # quant kept
+    assert _flag(command, "--mamba-radix-cache-strategy") == "no_buffer" and "--disable-overlap-schedule" in command
+    assert _flag(command, "--cuda-graph-backend-decode") == "disabled" and "--sleep-on-idle" in command
+    parsed = parse_sglang_argv(command[3:])
+    assert parsed.attention_backend == "k3_cpu_mla" and parsed.quantization is None
+
+
 def test_bad_model_impl_settings_exit_2(monkeypatch, launched, capsys):
     _on_cuda(monkeypatch, cuda=False)
-    monkeypatch.setenv("K3_MODEL_IMPL", "sglang")
-    assert main(["serve"]) == 2
-    assert "K3_MODEL_IMPL=sglang needs a CUDA device" in capsys.readouterr().err
     monkeypatch.setenv("K3_MODEL_IMPL", "fast")
     assert main(["serve"]) == 2
     assert "K3_MODEL_IMPL must be one of auto, portable, sglang, got 'fast'" in capsys.readouterr().err
@@ -121,6 +138,7 @@ def test_choice_rules():
     assert choose_model("auto", on_cpu=False, tiny=True).portable
     assert not choose_model("auto", on_cpu=False, tiny=False).portable
     assert not choose_model("sglang", on_cpu=False, tiny=True).portable
+    assert not choose_model("sglang", on_cpu=True, tiny=True).portable
     assert choose_model("portable", on_cpu=False, tiny=False).portable
     tiny = preset("k3-tiny")
     assert is_tiny_config(tiny) and not is_tiny_config(preset("k3-full"))

@@ -1,0 +1,149 @@
+"""The one inventory of every hook k3-sglang installs into SGLang internals, and of the SGLang registries it uses.
+
+A hook replaces or wraps a function SGLang did not offer as an extension point (SGLang's HookRegistry applies it,
+or one attribute is swapped); a registry entry uses an extension point SGLang does offer. Each hook module keeps its
+own `installed_hooks()`; this module only collects them with when they apply and the test that catches drift when
+the pinned SGLang changes under them. docs/architecture.md carries the same table (`python -m
+k3_sglang.hook_inventory` prints it; tests/unit/test_hook_inventory.py keeps the two equal and checks that every
+target still exists in the installed SGLang).
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class HookSet:
+    """The hooks one module registers: owner module, when they are active, and their drift test."""
+
+    owner: str
+    when: str
+    hooks: Callable[[], list[tuple[str, Callable, str]]]
+    drift_test: str
+
+
+@dataclass(frozen=True)
+class Hook:
+    target: str
+    kind: str
+    why: str
+    owner: str
+    when: str
+    drift_test: str
+
+
+def _launch_hooks():
+    from k3_sglang.serving import launch
+
+    return [(launch.READY_LINE_TARGET, launch.launch_with_ready_line, "REPLACE")]
+
+
+def _spec_hooks():
+    from k3_sglang.spec import plugin
+
+    return [(plugin.ASSIGN_TARGET, plugin.assign_req_to_token_pool_torch, "REPLACE")]
+
+
+def _platform_hooks():
+    from k3_sglang import platform_hooks
+
+    return platform_hooks.installed_hooks(portable=False)
+
+
+def _portable_dcp_hooks():
+    from k3_sglang import platform_hooks
+
+    both = {t for t, _, _ in _platform_hooks()}
+    return [h for h in platform_hooks.installed_hooks(portable=True) if h[0] not in both]
+
+
+def _pp_hooks():
+    from k3_sglang.spec import pp_hooks
+
+    return pp_hooks.installed_hooks()
+
+
+def _hicache_hooks():
+    from k3_sglang.hicache import hooks
+
+    return hooks.installed_hooks()
+
+
+def _hicache_fault_hooks():
+    from k3_sglang.hicache import hooks
+
+    always = {t for t, _, _ in _hicache_hooks()}
+    return [h for h in hooks.installed_hooks(fault="corrupt-restored-kda") if h[0] not in always]
+
+
+def _sglang_cpu_hooks():
+    from k3_sglang.sglang_cpu import hooks
+
+    return hooks.installed_hooks()
+
+
+HOOK_SETS = (
+    HookSet("k3_sglang.serving.launch", "every `k3 serve` process", _launch_hooks, "tests/unit/test_hook_inventory.py"),
+    HookSet("k3_sglang.platform_hooks", "k3_cpu platform, portable model", _portable_dcp_hooks,
+            "tests/unit/test_platform_hooks.py"),
+    HookSet("k3_sglang.platform_hooks", "k3_cpu platform, either model", _platform_hooks,
+            "tests/unit/test_platform_hooks.py"),
+    HookSet("k3_sglang.spec.plugin", "k3_cpu platform, portable model", _spec_hooks,
+            "tests/spec/test_spec_worker_parts.py"),
+    HookSet("k3_sglang.spec.pp_hooks", "k3_cpu platform, portable model (inert but for K3_CSV)", _pp_hooks,
+            "tests/spec/test_pp_hooks.py"),
+    HookSet("k3_sglang.sglang_cpu.hooks", "k3_cpu platform, SGLang's own K3", _sglang_cpu_hooks,
+            "tests/unit/test_sglang_cpu_hooks.py"),
+    HookSet("k3_sglang.hicache.hooks", "k3_cpu platform, portable model", _hicache_hooks,
+            "tests/unit/test_hicache_hooks.py"),
+    HookSet("k3_sglang.hicache.hooks", "as above, only with K3_HICACHE_FAULT=corrupt-restored-kda (tests' sabotage)",
+            _hicache_fault_hooks, "tests/unit/test_hicache_hooks.py"),
+)
+
+# SGLang extension points used (registries SGLang offers): (what, where, owner).
+REGISTRIES = (
+    ("platform `k3_cpu`", "entry-point group sglang.srt.platforms", "k3_sglang.platform"),
+    ("general plugins `k3_portable_dcp`, `k3_spec`, `k3_sglang_k3_cpu`, `k3_hicache_cpu`",
+     "entry-point group sglang.srt.plugins",
+     "pyproject.toml"),
+    ("model package `k3_sglang.models`", "SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.serving.cli"),
+    ("speculative algorithm `K3_CSV`", "SpeculativeAlgorithm.register", "k3_sglang.spec.plugin"),
+    ("attention backend `k3_cpu_mla`", "attention_registry.ATTENTION_BACKENDS, add_attention_backend_choices, "
+     "deepseek AttentionBackendRegistry", "k3_sglang.sglang_cpu.mla_backend"),
+    ("MoE runner core for the `triton` runner name", "moe_runner.runner.register_moe_runner_core",
+     "k3_sglang.sglang_cpu.moe_runner"),
+    ("request guard middleware", "http_server.app.add_middleware (FastAPI)", "k3_sglang.serving.launch"),
+)
+
+
+def _why(fn: Callable) -> str:
+    doc = inspect.getdoc(fn) or ""
+    first = doc.split("\n\n")[0].replace("\n", " ").strip()
+    return first or fn.__name__
+
+
+def all_hooks() -> list[Hook]:
+    """Every hook of every set, in registration order within a set."""
+    return [Hook(target, kind, _why(fn), s.owner, s.when, s.drift_test)
+            for s in HOOK_SETS for target, fn, kind in s.hooks()]
+
+
+def _short(target: str) -> str:
+    return ".".join(target.split(".")[-2:])
+
+
+def markdown() -> str:
+    """The hook table and the why of each hook, as docs/architecture.md carries them."""
+    rows = ["| # | target (SGLang 0.5.23) | kind | owner | when | drift test |", "|---|---|---|---|---|---|"]
+    hooks = all_hooks()
+    for i, h in enumerate(hooks, 1):
+        rows.append(f"| {i} | `{h.target}` | {h.kind} | `{h.owner}` | {h.when} | `{h.drift_test}` |")
+    rows += ["", "Why each one:", ""]
+    rows += [f"{i}. `{_short(h.target)}`: {h.why}" for i, h in enumerate(hooks, 1)]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown())

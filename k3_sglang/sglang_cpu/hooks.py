@@ -1,0 +1,59 @@
+"""SGLang general plugin `k3_sglang_k3_cpu` (entry point in pyproject.toml): SGLang's own K3 on the k3_cpu platform.
+
+Active only when SGLang runs on our CPU platform without the portable model registered (`k3 serve` with
+K3_MODEL_IMPL=sglang on a host without CUDA); inert everywhere else. It plugs our CPU kernels into SGLang's seams:
+
+- MLA: the `k3_cpu_mla` attention backend (mla_backend.py), registered in SGLang's attention-backend registry, its
+  argument choices and the deepseek forward-method registry;
+- MoE: a runner core for SGLang's "triton" runner name (moe_runner.py) through `register_moe_runner_core`;
+- KDA: our torch kernel in SGLang's KDA kernel dispatcher, and the backend's short-conv functions (kda_kernel.py,
+  kda_ops.py);
+- and, where SGLang has no seam, the narrow hooks below (shims.py), each registered with SGLang's HookRegistry.
+No Triton kernel runs: nothing here needs the Triton interpreter.
+"""
+from __future__ import annotations
+
+import os
+
+from k3_sglang.sglang_cpu import shims
+
+_KDA = "sglang.srt.layers.attention.linear.kda_backend"
+
+
+def active() -> bool:
+    """True on the k3_cpu platform when the portable model is not registered (SGLang's own K3 serves)."""
+    from k3_sglang.platform import PLATFORM_NAME
+    from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
+
+    return (os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME
+            and os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") != PORTABLE_PACKAGE)
+
+
+def installed_hooks():
+    """(target, hook, hook type name) of every hook `register` installs."""
+    return [("sglang.srt.models.kimi_k3.KimiK3LinearModel.__init__", shims.model_init_without_streams, "AROUND"),
+            ("triton_kernels.numerics_details.mxfp.upcast_from_mxfp", shims.upcast_mxfp4, "AROUND"),
+            ("sglang.srt.layers.quantization.compressed_tensors.compressed_tensors.CompressedTensorsConfig"
+             ".get_supported_act_dtypes", shims.float32_activations, "AFTER"),
+            (f"{_KDA}.KDAKernelDispatcher.__init__", shims.kda_dispatcher_on_cpu, "AROUND"),
+            (f"{_KDA}.causal_conv1d_fn", shims.conv1d_fn, "REPLACE"),
+            (f"{_KDA}.causal_conv1d_update", shims.conv1d_update, "REPLACE"),
+            ("sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward", shims.rms_norm_gated,
+             "AROUND"),
+            ("sglang.srt.layers.attn_residual._mix_fused", shims.attn_res_mix, "AROUND"),
+            ("sglang.srt.layers.moe.moe_runner.base.FusedOpPool.get_fused_func", shims.no_fused_triton_moe,
+             "AROUND")]
+
+
+def register() -> None:
+    """Entry point: the hooks, the MLA backend and the MoE runner core, or nothing when inactive."""
+    if not active():
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from k3_sglang.sglang_cpu import mla_backend, moe_runner
+
+    for target, hook, kind in installed_hooks():
+        HookRegistry.register(target, hook, HookType[kind])
+    mla_backend.register()
+    moe_runner.register()

@@ -1,0 +1,138 @@
+"""`K3CpuMoeRunnerCore`: SGLang's MoE runner core for its "triton" runner name on CPU.
+
+SGLang's MXFP4 MoE method on a non-CUDA, non-CPU-engine platform upcasts the experts to bf16 at load and runs
+them through the "triton" runner (`layers/quantization/mxfp4.py`). `register_moe_runner_core("triton", ...)` is
+SGLang's seam for a runner core of that name; this one consumes the standard dispatch output directly
+(`DispatchMoeRunnerCore`), so no Triton alignment or fused-MoE kernel runs: tokens are grouped by expert and every
+active expert runs one gate/up GEMM, K3's SiTU (or SwiGLU) and one down GEMM, weighted and summed per token.
+"""
+from __future__ import annotations
+
+import torch
+from sglang.srt.layers.moe.moe_runner.base import DispatchMoeRunnerCore, MoeRunnerConfig
+from sglang.srt.layers.moe.utils import MoeRunnerBackend
+
+RUNNER_NAME = "triton"
+# Below this many multiply-adds for all experts on all tokens, every expert runs densely (one batched GEMM pair,
+# off-route weights zero) instead of one GEMM pair per active expert: small models and short batches are bound by
+# per-op overhead on CPU, not by the E / k extra work.
+DENSE_BUDGET = 1 << 24
+
+
+def gated_activation(x: torch.Tensor, config: MoeRunnerConfig) -> torch.Tensor:
+    """x [N, 2I] = [gate | up] -> [N, I] in x.dtype: SiTU (K3: beta = gemm1_alpha, default 4; up clipped by
+    linear_beta = gemm1_clamp_limit) or SiLU, computed in float32 as SGLang's fused MoE does."""
+    d = x.shape[-1] // 2
+    gate, up = x[:, :d].float(), x[:, d:].float()
+    if config.activation == "situ":
+        beta = config.gemm1_alpha if config.gemm1_alpha is not None else 4.0
+        gate = beta * torch.tanh(gate / beta) * torch.sigmoid(gate)
+        if config.gemm1_clamp_limit is not None:
+            up = config.gemm1_clamp_limit * torch.tanh(up / config.gemm1_clamp_limit)
+    elif config.activation == "silu" and config.gemm1_alpha is None and config.swiglu_limit is None:
+        gate = torch.nn.functional.silu(gate)
+    else:
+        raise NotImplementedError(f"K3CpuMoeRunnerCore: gated activation {config.activation!r} with "
+                                  f"alpha={config.gemm1_alpha}, swiglu_limit={config.swiglu_limit}")
+    return (gate * up).to(x.dtype)
+
+
+def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor, config: MoeRunnerConfig, b13: torch.Tensor | None = None,
+                    b2: torch.Tensor | None = None, dense_budget: int = DENSE_BUDGET) -> torch.Tensor:
+    """Routed experts of a batch (all experts densely when T * E * 3 * I * D <= dense_budget).
+
+    x [T, D]; w13 [E, 2I, D] ([gate; up] rows); w2 [E, D, I]; topk_weights [T, k]; topk_ids [T, k] (ids outside
+    [0, E) are another rank's experts and skipped); optional biases b13 [E, 2I], b2 [E, D]. Returns [T, D] (sum over k; [T, k, D] with no_combine) in
+    x.dtype, times routed_scaling_factor when set.
+    """
+    if config.is_gated is False:
+        raise NotImplementedError("K3CpuMoeRunnerCore: non-gated experts")
+    T, D = x.shape
+    k = topk_ids.shape[1]
+    E = w13.shape[0]
+    if T * E * 3 * w2.shape[2] * D <= dense_budget and not config.no_combine:
+        return _dense_experts(x, w13, w2, topk_weights, topk_ids, config, b13, b2)
+    flat_ids = topk_ids.reshape(-1).long()
+    flat_w = topk_weights.reshape(-1).float()
+    routed = ((flat_ids >= 0) & (flat_ids < E)).nonzero().flatten()
+    order = routed[torch.argsort(flat_ids[routed], stable=True)]
+    experts, counts = torch.unique_consecutive(flat_ids[order], return_counts=True)
+    per_slot = x.new_zeros(T * k, D)
+    start = 0
+    for e, n in zip(experts.tolist(), counts.tolist()):
+        slots = order[start:start + n]
+        start += n
+        rows = x[slots // k]
+        if config.apply_router_weight_on_input:
+            rows = (rows.float() * flat_w[slots, None]).to(x.dtype)
+        h = rows @ w13[e].to(x.dtype).t()
+        if b13 is not None:
+            h = (h.float() + b13[e].float()).to(x.dtype)
+        y = gated_activation(h, config) @ w2[e].to(x.dtype).t()
+        if b2 is not None:
+            y = (y.float() + b2[e].float()).to(x.dtype)
+        if not config.apply_router_weight_on_input and not (config.no_combine and not
+                                                            config.no_combine_keep_router_weight):
+            y = (y.float() * flat_w[slots, None]).to(x.dtype)
+        per_slot[slots] = y
+    per_slot = per_slot.view(T, k, D)
+    if config.no_combine:
+        return per_slot
+    out = per_slot.float().sum(1)
+    if config.routed_scaling_factor is not None:
+        out = out * config.routed_scaling_factor
+    return out.to(x.dtype)
+
+
+def _dense_experts(x, w13, w2, topk_weights, topk_ids, config, b13, b2) -> torch.Tensor:
+    """grouped_experts for a small batch: every expert on every token (batched GEMMs), combined with a [T, E] weight
+    matrix that is zero off-route (the same per-(token, expert) results; ids outside [0, E) get weight 0)."""
+    T, E = x.shape[0], w13.shape[0]
+    ids = topk_ids.long()
+    routed = (ids >= 0) & (ids < E)
+    weight = torch.zeros(T, E, dtype=torch.float32, device=x.device)
+    weight.scatter_add_(1, ids.clamp(0, E - 1), torch.where(routed, topk_weights.float(), 0.0))
+    xs = x.unsqueeze(0).expand(E, -1, -1)
+    if config.apply_router_weight_on_input:
+        xs = (xs.float() * weight.t()[:, :, None]).to(x.dtype)
+    h = torch.bmm(xs, w13.to(x.dtype).transpose(1, 2))  # [E, T, 2I]
+    if b13 is not None:
+        h = (h.float() + b13.float()[:, None]).to(x.dtype)
+    y = torch.bmm(gated_activation(h.reshape(E * T, -1), config).view(E, T, -1), w2.to(x.dtype).transpose(1, 2))
+    if b2 is not None:
+        y = (y.float() + b2.float()[:, None]).to(x.dtype)
+    scale = torch.ones_like(weight) * (weight != 0) if config.apply_router_weight_on_input else weight
+    out = (y.float() * scale.t()[:, :, None]).sum(0)
+    if config.routed_scaling_factor is not None:
+        out = out * config.routed_scaling_factor
+    return out.to(x.dtype)
+
+
+class K3CpuMoeRunnerCore(DispatchMoeRunnerCore):
+    """Runs the standard dispatch output with the quant info's dense (upcast) expert weights."""
+
+    @property
+    def runner_backend(self):
+        return MoeRunnerBackend.TRITON
+
+    def run_from_dispatch(self, dispatch_output, quant_info, runner_config, hooks=None):
+        from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
+
+        if hooks is not None:
+            raise NotImplementedError("K3CpuMoeRunnerCore: LoRA hooks")
+        for flag in ("use_fp8_w8a8", "use_int8_w8a8", "use_int8_w8a16", "use_int4_w4a16", "use_mxfp8"):
+            if getattr(quant_info, flag, False):
+                raise NotImplementedError(f"K3CpuMoeRunnerCore: {flag} experts (only dense/upcast weights)")
+        topk_weights, topk_ids, _ = dispatch_output.topk_output
+        out = grouped_experts(dispatch_output.hidden_states, quant_info.w13_weight, quant_info.w2_weight,
+                              topk_weights, topk_ids, self.config, quant_info.b13, quant_info.b2)
+        return StandardCombineInput(hidden_states=out)
+
+
+def register() -> None:
+    """Make K3CpuMoeRunnerCore the core of SGLang's "triton" runner in this process."""
+    from sglang.srt.layers.moe.moe_runner import runner
+
+    if RUNNER_NAME not in runner._CUSTOM_RUNNER_CORE_FACTORIES:
+        runner.register_moe_runner_core(RUNNER_NAME, K3CpuMoeRunnerCore)

@@ -1,0 +1,109 @@
+"""The small hook functions that carry SGLang's own K3 onto a CPU host (registered by hooks.py).
+
+Each one wraps exactly one SGLang (or triton_kernels) function and changes behaviour only for CPU tensors, or only
+for the duration of one call, so that what SGLang does around it stays SGLang's.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+
+def _no_stream(*args, **kwargs):
+    return None
+
+
+def model_init_without_streams(original, *args, **kwargs):
+    """AROUND `KimiK3LinearModel.__init__`: it builds three `torch.cuda.Stream()`s on every non-HIP build (a CUDA
+    driver error here); with the constructor returning None the layers get no alt stream, the path the model
+    already takes on HIP."""
+    saved = torch.cuda.Stream
+    torch.cuda.Stream = _no_stream
+    try:
+        return original(*args, **kwargs)
+    finally:
+        torch.cuda.Stream = saved
+
+
+def upcast_mxfp4(original, tensor, scale, target_dtype, axis, *args, **kwargs):
+    """AROUND triton_kernels' `upcast_from_mxfp` (SGLang's MXFP4 MoE method upcasts experts with it on a platform
+    without MXFP4 kernels): for CPU uint8 codes and E8M0 scales, our MXFP4 reference decode
+    (`kernels/mxfp4/naive.py`: low nibble first, 32 values per scale) along `axis`."""
+    from k3_sglang.kernels.mxfp4.naive import dequant_mxfp4
+
+    if tensor.device.type != "cpu" or tensor.dtype != torch.uint8 or scale.dtype != torch.uint8 or args or kwargs:
+        return original(tensor, scale, target_dtype, axis, *args, **kwargs)
+    axis = axis % tensor.ndim
+    t, s = tensor.movedim(axis, -1), scale.movedim(axis, -1)
+    out = dequant_mxfp4(t.reshape(-1, t.shape[-1]).contiguous(), s.reshape(-1, s.shape[-1]).contiguous(),
+                        target_dtype)
+    return out.view(*t.shape[:-1], 2 * t.shape[-1]).movedim(-1, axis).contiguous()
+
+
+def float32_activations(result, *args, **kwargs):
+    """AFTER `CompressedTensorsConfig.get_supported_act_dtypes`: float32 too, so a float32 model (the exact tests)
+    loads the checkpoint's compressed-tensors MXFP4 experts; on CPU every op runs in float32 and the upcast expert
+    weights (exact in bf16) are read in the activation dtype (moe_runner.py)."""
+    return list(result) + ([torch.float32] if torch.float32 not in result else [])
+
+
+def rms_norm_gated(original, self, x, g, residual=None, prenorm=False, residual_in_fp32=False):
+    """AROUND `FusedRMSNormGated.forward` (KDA's output norm, a Triton kernel): for CPU tensors RMSNorm over the
+    last dim in float32, times the weight, times sigmoid(g) ("sigmoid", K3) or silu(g) ("swish"/"silu")."""
+    if x.device.type != "cpu" or residual is not None or prenorm:
+        return original(self, x, g, residual, prenorm, residual_in_fp32)
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+    if self.weight is not None:
+        y = y * self.weight.float()
+    gf = g.float()
+    y = y * (torch.sigmoid(gf) if self.activation == "sigmoid" else F.silu(gf))
+    return y.to(x.dtype)
+
+
+def attn_res_mix(original, prefix_sum, bank, nvb, score_proj, score_norm):
+    """AROUND `attn_residual._mix_fused` (the AttnRes score + combine kernels): SGLang's own eager
+    `aggregate_stream_torch` for CPU tensors, and for a hidden size that is not a multiple of the combine kernel's
+    1024-wide block (its grid would have zero blocks and leave the output unwritten: docs/sglang-bugs.md)."""
+    from sglang.srt.layers import attn_residual
+
+    if prefix_sum.device.type == "cpu" or prefix_sum.shape[1] % attn_residual._BLOCK_H:
+        return attn_residual.aggregate_stream_torch(prefix_sum, bank, nvb, score_proj, score_norm)
+    return original(prefix_sum, bank, nvb, score_proj, score_norm)
+
+
+def no_fused_triton_moe(original, *args):
+    """AROUND `FusedOpPool.get_fused_func(a2a, runner)`: no fused function for the "triton" runner, so
+    `MoeRunner.run` calls the runner core registered for that name (moe_runner.K3CpuMoeRunnerCore)."""
+    if args[-1] == "triton":
+        return None
+    return original(*args)
+
+
+def conv1d_fn(*args, **kwargs):
+    """REPLACE of `kda_backend.causal_conv1d_fn` (a Triton kernel): kda_ops.causal_conv1d_fn."""
+    from k3_sglang.sglang_cpu.kda_ops import causal_conv1d_fn
+
+    return causal_conv1d_fn(*args, **kwargs)
+
+
+def conv1d_update(*args, **kwargs):
+    """REPLACE of `kda_backend.causal_conv1d_update` (a Triton kernel): kda_ops.causal_conv1d_update."""
+    from k3_sglang.sglang_cpu.kda_ops import causal_conv1d_update
+
+    return causal_conv1d_update(*args, **kwargs)
+
+
+def kda_dispatcher_on_cpu(original, self, *args, **kwargs):
+    """AROUND `KDAKernelDispatcher.__init__`: SGLang builds its dispatcher (Triton kernel for the triton backends),
+    then every role is handed our torch kernel (kda_kernel.K3CpuKDAKernel)."""
+    original(self, *args, **kwargs)
+    from k3_sglang.sglang_cpu.kda_kernel import K3CpuKDAKernel
+
+    kernel = K3CpuKDAKernel()
+    self.triton_kernel = self.decode_kernel = self.verify_kernel = self.extend_kernel = kernel
+    self.supports_packed_decode = self.supports_packed_decode_safe_gate = False
+    logging.getLogger(__name__).info("KDA kernel dispatcher on k3_cpu: decode, verify and extend run %s",
+                                     type(kernel).__name__)

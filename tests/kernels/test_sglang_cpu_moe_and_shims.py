@@ -1,0 +1,120 @@
+"""The CPU MoE runner core (k3_sglang/sglang_cpu/moe_runner.py) and the shims that replace SGLang Triton kernels on
+CPU (shims.py), against plain float64 formulas on fresh random inputs."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from k3_sglang.kernels.mxfp4.naive import dequant_mxfp4, quant_mxfp4
+from k3_sglang.sglang_cpu import moe_runner, shims
+from tests.utils.numerics import FP32_VS_FP64, assert_bit_exact, assert_close
+
+T, D, I, E, TOPK = 9, 48, 20, 6, 3
+
+
+def _config(**kw):
+    base = dict(activation="situ", is_gated=True, gemm1_alpha=4.0, gemm1_clamp_limit=25.0, swiglu_limit=None,
+                apply_router_weight_on_input=False, no_combine=False, no_combine_keep_router_weight=False,
+                routed_scaling_factor=None)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def _reference(x, w13, w2, weights, ids, config, b13=None, b2=None):
+    """Per token, per chosen expert, in float64: [gate|up] = x W13^T (+b13), act, down (+b2), weighted sum."""
+    out = torch.zeros(x.shape[0], TOPK, x.shape[1], dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(TOPK):
+            e = int(ids[t, j])
+            if not 0 <= e < w13.shape[0]:
+                continue
+            h = x[t].double() @ w13[e].double().t() + (b13[e].double() if b13 is not None else 0)
+            gate, up = h[:I], h[I:]
+            if config.activation == "situ":
+                act = config.gemm1_alpha * torch.tanh(gate / config.gemm1_alpha) * torch.sigmoid(gate)
+                up = config.gemm1_clamp_limit * torch.tanh(up / config.gemm1_clamp_limit)
+            else:
+                act = torch.nn.functional.silu(gate)
+            y = (act * up) @ w2[e].double().t() + (b2[e].double() if b2 is not None else 0)
+            out[t, j] = y * (1.0 if config.no_combine and not config.no_combine_keep_router_weight
+                             else float(weights[t, j]))
+    if config.no_combine:
+        return out
+    s = out.sum(1)
+    return s * config.routed_scaling_factor if config.routed_scaling_factor is not None else s
+
+
+@pytest.mark.parametrize("budget", [0, moe_runner.DENSE_BUDGET], ids=["grouped", "dense"])
+@pytest.mark.parametrize("kw", [dict(), dict(activation="silu", gemm1_alpha=None, gemm1_clamp_limit=None),
+                                dict(no_combine=True), dict(routed_scaling_factor=2.5)],
+                         ids=["situ", "silu", "no-combine", "scaled"])
+def test_grouped_experts_match_the_dense_reference(kw, budget):
+    config = _config(**kw)
+    x, w13, w2 = torch.randn(T, D), torch.randn(E, 2 * I, D) / D ** 0.5, torch.randn(E, D, I) / I ** 0.5
+    weights = torch.rand(T, TOPK)
+    ids = torch.randint(0, E, (T, TOPK))
+    ids[2, 1] = -1  # another rank's expert (EP): skipped
+    ids[4, 0] = E + 3
+    b13, b2 = torch.randn(E, 2 * I), torch.randn(E, D)
+    ids[6] = ids[6, 0]  # a token that picks one expert twice
+    got = moe_runner.grouped_experts(x, w13, w2, weights, ids, config, b13, b2, dense_budget=budget)
+    assert_close("grouped experts", _reference(x, w13, w2, weights, ids, config, b13, b2), got, FP32_VS_FP64)
+
+
+def test_grouped_experts_read_bf16_weights_in_the_activation_dtype():
+    config = _config()
+    x = torch.randn(T, D)
+    w13, w2 = (torch.randn(E, 2 * I, D) / D ** 0.5).bfloat16(), (torch.randn(E, D, I) / I ** 0.5).bfloat16()
+    weights, ids = torch.rand(T, TOPK), torch.randint(0, E, (T, TOPK))
+    got = moe_runner.grouped_experts(x, w13, w2, weights, ids, config)
+    assert got.dtype == torch.float32
+    assert_close("bf16 weights, fp32 activations", _reference(x, w13, w2, weights, ids, config), got, FP32_VS_FP64)
+
+
+def test_mxfp4_upcast_is_the_reference_decode_along_any_axis():
+    w = torch.randn(3, 8, 64)
+    packed, scales = quant_mxfp4(w.reshape(-1, 64))
+    packed, scales = packed.view(3, 8, 32), scales.view(3, 8, 2)
+    got = shims.upcast_mxfp4(None, packed, scales, torch.bfloat16, -1)
+    want = dequant_mxfp4(packed.reshape(-1, 32), scales.reshape(-1, 2), torch.bfloat16).view(3, 8, 64)
+    assert_bit_exact("upcast, last axis", want, got)
+    moved = shims.upcast_mxfp4(None, packed.transpose(1, 2).contiguous(), scales.transpose(1, 2).contiguous(),
+                               torch.bfloat16, 1)
+    assert_bit_exact("upcast, axis 1", want.transpose(1, 2).contiguous(), moved)
+    calls = []
+    shims.upcast_mxfp4(lambda *a, **k: calls.append(a), packed.float(), scales, torch.bfloat16, -1)
+    assert len(calls) == 1, "anything but uint8 codes goes to the original"
+
+
+def test_gated_rms_norm_shim_matches_the_formula():
+    module = types.SimpleNamespace(eps=1e-6, weight=torch.randn(16), activation="sigmoid")
+    x, g = torch.randn(5, 3, 16), torch.randn(5, 3, 16)
+    got = shims.rms_norm_gated(None, module, x, g)
+    xd = x.double()
+    want = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * module.weight.double() * torch.sigmoid(g.double())
+    assert_close("gated rms norm (sigmoid)", want, got, FP32_VS_FP64)
+    module.activation = "swish"
+    got = shims.rms_norm_gated(None, module, x, g)
+    assert_close("gated rms norm (swish)", want / torch.sigmoid(g.double()) * torch.nn.functional.silu(g.double()),
+                 got, FP32_VS_FP64)
+
+
+def test_attn_res_mix_takes_sglangs_eager_path_on_cpu_and_for_small_hidden(monkeypatch):
+    from sglang.srt.layers import attn_residual
+
+    seen = []
+    monkeypatch.setattr(attn_residual, "aggregate_stream_torch", lambda *a: seen.append("torch") or "eager")
+    original = lambda *a: seen.append("triton") or "fused"  # noqa: E731
+    assert shims.attn_res_mix(original, torch.zeros(2, 128), None, 1, None, None) == "eager"
+    meta = torch.zeros(2, 1024, device="meta")  # a non-CPU tensor of a 1024-multiple width keeps the kernel
+    assert shims.attn_res_mix(original, meta, None, 1, None, None) == "fused"
+    meta_small = torch.zeros(2, 128, device="meta")
+    assert shims.attn_res_mix(original, meta_small, None, 1, None, None) == "eager"
+    assert seen == ["torch", "triton", "torch"]
+
+
+def test_only_the_triton_runner_loses_its_fused_function():
+    assert shims.no_fused_triton_moe(lambda *a: "fused", "none", "triton") is None
+    assert shims.no_fused_triton_moe(lambda *a: "fused", "none", "deep_gemm") == "fused"
