@@ -3,10 +3,11 @@ KDA state slots (issue 31).
 
 With SGLang's per-chunk KDA states and the old fixed 64-slot pool, ten 1,200-token sessions prefilled in
 128-token chunks hold ~11 states each, so the pool cached about five of them and round-robin traffic under LRU
-evicted exactly the session that came next (0% hits; the slow control below shows it). `k3 serve` now caps the
+evicted exactly the session that came next (0% hits; the control below shows it). `k3 serve` now caps the
 states per path (`--mamba-max-states-per-path 2`) and sizes `--max-mamba-cache-size` from the KV pool
 (k3_sglang/plan/sessions.py): every session's next turn must hit its whole history.
-About 2 minutes on 2 cores (one server start, 20 requests).
+Slow tier (about 2 minutes on 2 quiet cores: one server start, 20 requests; the control another); the default tier
+checks the sizing without a server (tests/plan/test_plan_sessions.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from k3_sglang.bench.session_traffic import SessionTraffic, run_sessions
 from k3_sglang.serving.cli import cpu_state_slots
 from k3_sglang.serving.process import K3ServerProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 CHUNK, POOL = 128, 16384
 TRAFFIC = SessionTraffic(sessions=10, first_tokens=1200, tool_tokens=120, output_tokens=8, turns=2)
 SERVE_ARGS = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK), "--max-total-tokens", str(POOL)]
@@ -62,7 +63,6 @@ def test_round_robin_sessions_all_hit_on_the_default_sizing(tiny_dir, tmp_path_f
         TRAFFIC.first_tokens + TRAFFIC.output_tokens), fractions
 
 
-@pytest.mark.slow
 def test_control_old_fixed_pool_misses_round_robin_sessions(tiny_dir, tmp_path_factory):
     """The pre-issue-31 sizing (64 slots, one state per prefill chunk) on the same traffic: the sessions thrash."""
     server = _start(tiny_dir, tmp_path_factory, "serve-sessions-old",
