@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--oversubscription", type=float, default=4.0,
                         help="live session tokens / device KV pool of the off, host and host-l3 arms (default 4)")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="arms to run (default all)")
+    parser.add_argument("--startup-s", type=float, default=900.0,
+                        help="how long each arm's server may take to turn healthy (default 900; shared machines)")
     parser.add_argument("--out", type=Path, default=DOC, help="report (default docs/bench-sessions.md; '-': none)")
     parser.add_argument("serve_args", nargs="*", help="extra `k3 serve` args, after --")
 
@@ -77,13 +79,15 @@ def run_arm(arm: str, traffic: SessionTraffic, args: argparse.Namespace, workdir
     serve = ["--dtype", "float32", *arm_flags(arm, traffic, args.oversubscription), *args.serve_args]
     master = LoopbackMooncakeMaster(workdir / f"mooncake-{arm}.log").start() if arm == "host-l3" else None
     env = {} if master is None else {**master.client_env(), "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(L3_SEGMENT_BYTES)}
+    server = K3ServerProcess(serve, workdir / f"serve-{arm}.log", env=env)
     try:
-        with K3ServerProcess(serve, workdir / f"serve-{arm}.log", env=env) as server:
-            print(f"[{arm}] k3 serve {' '.join(serve)}", flush=True)
-            return run_sessions(server.url, traffic, on_turn=lambda r: print(
-                f"[{arm}] session {r.session} turn {r.turn}: prompt {r.prompt_tokens}, cached {r.cached_tokens} "
-                f"{r.cached_by_tier or ''}, TTFT {r.ttft_s:.2f} s", flush=True))
+        server.start(timeout_s=args.startup_s)
+        print(f"[{arm}] k3 serve {' '.join(serve)}", flush=True)
+        return run_sessions(server.url, traffic, on_turn=lambda r: print(
+            f"[{arm}] session {r.session} turn {r.turn}: prompt {r.prompt_tokens}, cached {r.cached_tokens} "
+            f"{r.cached_by_tier or ''}, TTFT {r.ttft_s:.2f} s", flush=True))
     finally:
+        server.stop()
         if master is not None:
             master.stop()
 
