@@ -96,7 +96,7 @@ HOOK_SETS = (
             "tests/spec/test_pp_hooks.py"),
     HookSet("k3_sglang.sglang_cpu.hooks", "k3_cpu platform, SGLang's own K3", _sglang_cpu_hooks,
             "tests/unit/test_sglang_cpu_hooks.py"),
-    HookSet("k3_sglang.hicache.hooks", "k3_cpu platform, portable model", _hicache_hooks,
+    HookSet("k3_sglang.hicache.hooks", "k3_cpu platform, either model", _hicache_hooks,
             "tests/unit/test_hicache_hooks.py"),
     HookSet("k3_sglang.hicache.hooks", "as above, only with K3_HICACHE_FAULT=corrupt-restored-kda (tests' sabotage)",
             _hicache_fault_hooks, "tests/unit/test_hicache_hooks.py"),

@@ -1,4 +1,4 @@
-"""What `k3 serve --enable-hierarchical-cache` adds and refuses on a CPU host (the portable K3 on k3_cpu).
+"""What `k3 serve --enable-hierarchical-cache` adds and refuses on a CPU host (either K3 model on k3_cpu).
 
 Defaults (each yields to the user's own flag or variable):
 - `--hicache-io-backend direct --hicache-mem-layout page_first_direct`: the copy path our plugin supplies in torch
@@ -101,13 +101,13 @@ def cpu_hicache_refusals(args, environ: dict[str, str] | None = None) -> list[st
                        "(SGLang's KDA state host pool is page-first only; `k3 serve` defaults to page_first_direct)")
     policy = getattr(args, "hicache_write_policy", "write_through")
     if policy not in CPU_WRITE_POLICIES:
-        reasons.append(f"--hicache-write-policy {policy}: not exercised with the portable model on CPU "
+        reasons.append(f"--hicache-write-policy {policy}: not exercised on CPU "
                        f"(tested: {', '.join(CPU_WRITE_POLICIES)})")
     if getattr(args, "hicache_host_memory_mode", "cache") != "cache":
-        reasons.append("--hicache-host-memory-mode buffer_only: not exercised with the portable model on CPU")
+        reasons.append("--hicache-host-memory-mode buffer_only: not exercised on CPU")
     backend = getattr(args, "hicache_storage_backend", None)
     if backend is not None and backend not in CPU_STORAGE_BACKENDS:
-        reasons.append(f"--hicache-storage-backend {backend}: not available to the portable model on CPU "
+        reasons.append(f"--hicache-storage-backend {backend}: not available on CPU "
                        f"(tested: {', '.join(CPU_STORAGE_BACKENDS)})")
     if backend == "mooncake":
         reasons += mooncake_refusals(environ)

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags
-from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags
 from k3_sglang.plan.sessions import CPU_MIN_SESSION_TOKENS, DEFAULT_STATES_PER_PATH, UNCAPPED, device_state_slots
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE, ServedModel
 from k3_sglang.serving.pd_cpu import missing_transfer_engine, pd_cpu_env, pd_cpu_flags

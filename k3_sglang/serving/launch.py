@@ -58,7 +58,7 @@ def main(argv: list[str]) -> None:
             cpu_hicache_refusals(server_args) if os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME else [])
         message = refusal_message(reasons) if reasons else None
     elif os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME:
-        reasons = sglang_cpu_limits.refusals(server_args)
+        reasons = sglang_cpu_limits.refusals(server_args) + cpu_hicache_refusals(server_args)
         message = sglang_cpu_limits.refusal_message(reasons) if reasons else None
     if message:
         print(f"k3 serve: error: {message}", file=sys.stderr, flush=True)

@@ -1,6 +1,6 @@
 """The HiCache-on-CPU plugin (k3_sglang/hicache/hooks.py) against the installed SGLang: every target exists and still
-looks the way the hook expects (drift), the plugin is inert unless the portable model runs on k3_cpu, each hook does
-only what it says; and what `k3 serve` adds and refuses for HiCache on CPU (hicache/serve_flags.py). About 5 s."""
+looks the way the hook expects (drift), the plugin is inert unless SGLang runs on k3_cpu (either K3 model), each
+hook does only what it says; and what `k3 serve` adds and refuses for HiCache on CPU (hicache/serve_flags.py). About 5 s."""
 from __future__ import annotations
 
 import inspect
@@ -81,21 +81,23 @@ def test_pageable_hook_forces_pin_memory_off():
     assert hooks.pageable_host_pool(lambda *a, **k: k, 1) == {"pin_memory": False}
 
 
-def test_inert_unless_the_portable_model_runs_on_k3_cpu(monkeypatch):
+def test_inert_unless_sglang_runs_on_k3_cpu(monkeypatch):
     registered = []
     from sglang.srt.plugins import hook_registry
 
     monkeypatch.setattr(hook_registry.HookRegistry, "register", classmethod(lambda cls, *a, **k: registered.append(a)))
-    for platform, package in (("", "k3_sglang.models"), ("k3_cpu", ""), ("cuda", "k3_sglang.models")):
+    monkeypatch.delenv("K3_HICACHE_FAULT", raising=False)
+    for platform, package in (("", "k3_sglang.models"), ("cuda", "k3_sglang.models"), ("cuda", "")):
         monkeypatch.setenv("SGLANG_PLATFORM", platform)
         monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", package)
         hooks.register()
     assert registered == []
     monkeypatch.setenv("SGLANG_PLATFORM", "k3_cpu")
-    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.models")
-    monkeypatch.delenv("K3_HICACHE_FAULT", raising=False)
-    hooks.register()
-    assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
+    for package in ("", "k3_sglang.models"):  # SGLang's own K3, then the portable model
+        registered.clear()
+        monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", package)
+        hooks.register()
+        assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
     assert hooks.STATE_LOAD_TARGET not in [a[0] for a in registered]  # the fault hook only when asked for
     registered.clear()
     monkeypatch.setenv("K3_HICACHE_FAULT", "corrupt-restored-kda")
