@@ -65,6 +65,19 @@ def _pp_hooks():
     return pp_hooks.installed_hooks()
 
 
+def _hicache_hooks():
+    from k3_sglang.hicache import hooks
+
+    return hooks.installed_hooks()
+
+
+def _hicache_fault_hooks():
+    from k3_sglang.hicache import hooks
+
+    always = {t for t, _, _ in _hicache_hooks()}
+    return [h for h in hooks.installed_hooks(fault="corrupt-restored-kda") if h[0] not in always]
+
+
 def _sglang_cpu_hooks():
     from k3_sglang.sglang_cpu import hooks
 
@@ -107,12 +120,17 @@ HOOK_SETS = (
             "tests/unit/test_kv_event_hooks.py"),
     HookSet("k3_sglang.dcp_mla.plugin", "GPU host, SGLang's own K3 under --dcp-size > 1", _dcp_mla_hooks,
             "tests/unit/test_dcp_mla_hooks.py"),
+    HookSet("k3_sglang.hicache.hooks", "k3_cpu platform, either model", _hicache_hooks,
+            "tests/unit/test_hicache_hooks.py"),
+    HookSet("k3_sglang.hicache.hooks", "as above, only with K3_HICACHE_FAULT=corrupt-restored-kda (tests' sabotage)",
+            _hicache_fault_hooks, "tests/unit/test_hicache_hooks.py"),
 )
 
 # SGLang extension points used (registries SGLang offers): (what, where, owner).
 REGISTRIES = (
     ("platform `k3_cpu`", "entry-point group sglang.srt.platforms", "k3_sglang.platform"),
-    ("general plugins `k3_portable_dcp`, `k3_spec`, `k3_sglang_k3_cpu`, `k3_session_cache`, `k3_dcp_mla`",
+    ("general plugins `k3_portable_dcp`, `k3_spec`, `k3_sglang_k3_cpu`, `k3_session_cache`, `k3_dcp_mla`, "
+     "`k3_hicache_cpu`",
      "entry-point group sglang.srt.plugins",
      "pyproject.toml"),
     ("model package `k3_sglang.models`", "SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.serving.cli"),

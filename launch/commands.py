@@ -48,6 +48,7 @@ def _memory_args(instance: Instance, spec: PlanSpec) -> list[str]:
     args = ["--kv-cache-dtype", precision.kv_cache_flag, "--mamba-ssm-dtype", precision.ssm_dtype_flag,
             "--mamba-full-memory-ratio", f"{plan.bound.memory.mamba_ratio:g}",
             "--mamba-radix-cache-strategy", serving.mamba_radix_cache_strategy,
+            "--mamba-max-states-per-path", str(serving.mamba_states_per_path),
             "--mem-fraction-static", f"{serving.mem_fraction_static:g}", "--page-size", str(serving.page_size)]
     if serving.max_running_requests is not None:
         args += ["--max-running-requests", str(serving.max_running_requests)]

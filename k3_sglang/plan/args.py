@@ -28,6 +28,7 @@ SECTION_FLAGS = {
     "draft_tokens": ("serving", "draft_tokens"), "max_running_requests": ("serving", "max_running_requests"),
     "decode_radix_cache": ("serving", "decode_radix_cache"),
     "attention_backend": ("serving", "attention_backend"),
+    "states_per_path": ("serving", "mamba_states_per_path"), "hicache_host_gib": ("serving", "hicache_host_gib"),
 }
 GROUP_FLAGS = ("tp", "dcp", "pp", "ep", "dp_attention", "replicas", "pp_layer_partition", "chunked_prefill_size")
 GROUP_INT_FIELDS = ("tp", "dcp", "pp", "ep", "dp_attention", "replicas", "chunked_prefill_size")
@@ -80,6 +81,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--decode-radix-cache", action="store_const", const=True, default=None,
                       help="PD decode servers keep a radix cache (--disaggregation-decode-enable-radix-cache): "
                            "S state slots per request as unified, instead of 1")
+    work.add_argument("--states-per-path", type=int, help="KDA states a cached session keeps "
+                      "(--mamba-max-states-per-path; -1: SGLang's no cap, one per prefill chunk)")
+    work.add_argument("--hicache-host-gib", type=float, help="HiCache host tier per rank in GiB: cached sessions on "
+                      "host, split between latent rows and KDA states by the workload")
 
 
 def parse_group_flag(role: str, text: str) -> dict[str, Any]:

@@ -6,6 +6,10 @@ Per attention (DP) rank, under DCP size c:
     sessions by state = state slots // (S + D)
 A group holds dp_attention * min(...) sessions, capped by max_running_requests; the smallest ceiling
 over the stages is the binding one, and its name says which pool to grow.
+
+Cached (paused) sessions, held by the radix tree between turns (plan/sessions.py), need no running slots: on
+device min(logical tokens // session tokens, state slots // P) per DP rank, P = states per cached session; on the
+HiCache host tier the host budget split between latent rows and P KDA states in the session's proportion.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ from dataclasses import dataclass
 from k3_sglang.config import K3Config
 from k3_sglang.plan.attention import attention_backend
 from k3_sglang.plan.constraints import check_topology
+from k3_sglang.plan.sessions import (DEFAULT_PREFILL_CHUNK, CachedSessions, HostSplit, device_cached_sessions,
+                                     host_split, states_per_cached_session)
 from k3_sglang.plan.memory import StageMemory, balanced_ratio, solved_ratio, stage_memory, state_bytes_per_slot, \
     kv_bytes_per_token
 from k3_sglang.plan.spec import PlanSpec
 from k3_sglang.plan.topology import Group, stage_layer_ranges
+from k3_sglang.plan.units import from_gib
 from k3_sglang.plan.weights import checkpoint_bytes
 
 KV_CEILING = "mla-kv-pool"
@@ -53,6 +60,10 @@ class GroupPlan:
     sessions: int
     binding: str
     notes: tuple[str, ...]
+    states_per_session: int = 1
+    cached_device: CachedSessions | None = None  # paused sessions the device pools keep (whole group)
+    host: HostSplit | None = None  # the HiCache host tier of one rank at the binding stage (None: no host tier)
+    cached_host: int | None = None  # paused sessions the host tier keeps (whole group)
     attention_backend: str | None = None  # the --attention-backend its servers get (None: SGLang decides)
 
     @property
@@ -131,6 +142,30 @@ def _notes(group: Group, spec: PlanSpec) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def cached_sessions(stages: tuple[StageCapacity, ...], group: Group, spec: PlanSpec, states: int) -> CachedSessions | None:
+    """Paused sessions the group's device pools keep, at the stage that holds fewest (None: no KV or no state)."""
+    dp, per_stage = group.dp_attention, []
+    for stage in stages:
+        m = stage.memory
+        if stage.logical_kv_tokens is None or m.state_slots is None:
+            return None
+        c = device_cached_sessions(m.kv_tokens * group.dcp, m.state_slots, spec.workload.session_tokens, states,
+                                   spec.serving.page_size * group.dcp)
+        per_stage.append(CachedSessions(dp * c.by_kv, dp * c.by_state))
+    return min(per_stage, key=lambda c: c.sessions)
+
+
+def host_tier(stages: tuple[StageCapacity, ...], group: Group, spec: PlanSpec, states: int) -> HostSplit | None:
+    """One rank's HiCache host split at the stage that holds fewest sessions (None: no host tier). Raises PlanError
+    when the host tier cannot hold one session of the workload."""
+    host_gib = float(spec.serving.hicache_host_gib)
+    if host_gib <= 0:
+        return None
+    splits = [host_split(from_gib(host_gib), spec.workload.session_tokens, s.memory.kv_bytes_per_token,
+                         s.memory.state_bytes_per_slot, states, group.dcp) for s in stages]
+    return min(splits, key=lambda h: h.sessions)
+
+
 def plan_group(model: K3Config, group: Group, spec: PlanSpec) -> GroupPlan:
     """Size one group: every PP stage, under the configured or the balanced state/KV ratio."""
     slots = spec.serving.state_slots_per_request(group.overlap_schedule, group.role)
@@ -145,7 +180,14 @@ def plan_group(model: K3Config, group: Group, spec: PlanSpec) -> GroupPlan:
     sessions, binding = _binding(stages[binding_stage], spec.serving.max_running_requests)
     backend = attention_backend(spec.serving.attention_backend, group.dcp, spec.system.native_mxfp4,
                                 spec.precision.kv_cache_flag, f"{group.role} group {group.label()}")
-    return GroupPlan(group, stages, binding_stage, slots, exact, sessions, binding, _notes(group, spec), backend)
+    states = states_per_cached_session(spec.workload.session_tokens,
+                                       group.chunked_prefill_size or DEFAULT_PREFILL_CHUNK,
+                                       spec.serving.mamba_states_per_path)
+    host = host_tier(stages, group, spec, states)
+    return GroupPlan(group, stages, binding_stage, slots, exact, sessions, binding, _notes(group, spec), states,
+                     cached_sessions(stages, group, spec, states), host,
+                     None if host is None else group.dp_attention * host.sessions,
+                     attention_backend=backend)
 
 
 def make_plan(spec: PlanSpec, model: K3Config | None = None) -> PlanResult:

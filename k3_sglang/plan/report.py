@@ -32,9 +32,22 @@ def group_json(plan: GroupPlan) -> dict[str, Any]:
             "mamba_ratio": bound.memory.mamba_ratio, "balanced_ratio": round(plan.balanced_ratio, 4),
             "slots_per_request": plan.slots_per_request, "binding_stage": plan.binding_stage,
             **{k: v for k, v in stage_json(bound).items() if k not in ("stage", "layers")},
-            "sessions": plan.sessions, "binding": plan.binding, "notes": list(plan.notes),
+            "sessions": plan.sessions, "binding": plan.binding, **cached_json(plan), "notes": list(plan.notes),
             "attention_backend": plan.attention_backend,
             "stages": [stage_json(s) for s in plan.stages]}
+
+
+def cached_json(plan: GroupPlan) -> dict[str, Any]:
+    """Paused sessions the group keeps between turns: on device (with the binding pool) and on the host tier."""
+    device, host = plan.cached_device, plan.host
+    return {"states_per_cached_session": plan.states_per_session,
+            "cached_sessions_device": None if device is None else device.sessions,
+            "cached_device_binding": None if device is None else device.binding,
+            "cached_sessions_host": plan.cached_host,
+            "host_tier": None if host is None else {
+                "kv_gib_per_rank": _gib(host.kv_bytes), "state_gib_per_rank": _gib(host.state_bytes),
+                "kv_fraction": round(host.kv_fraction, 4), "kv_bytes_per_session": host.kv_bytes_per_session,
+                "state_bytes_per_session": host.state_bytes_per_session}}
 
 
 def model_json(result: PlanResult) -> dict[str, Any]:
@@ -56,7 +69,8 @@ def plan_json(result: PlanResult) -> dict[str, Any]:
 
 
 COLUMNS = ("group", "x", "GPUs", "weights", "reserve", "KV pool", "state pool", "ratio (r*)",
-           "KV tok/rank", "logical KV", "slots/rank", "S", "by KV", "by state", "sessions", "binding")
+           "KV tok/rank", "logical KV", "slots/rank", "S", "by KV", "by state", "sessions", "binding",
+           "cached dev", "cached host")
 
 
 def _row(plan: GroupPlan) -> tuple[str, ...]:
@@ -67,7 +81,8 @@ def _row(plan: GroupPlan) -> tuple[str, ...]:
             f"{m.mamba_ratio:.3f} ({plan.balanced_ratio:.3f})", opt(m.kv_tokens),
             "-" if s.logical_kv_tokens is None else human_tokens(s.logical_kv_tokens), opt(m.state_slots),
             str(plan.slots_per_request), opt(s.sessions_by_kv), opt(s.sessions_by_state), str(plan.sessions),
-            plan.binding)
+            plan.binding, "-" if plan.cached_device is None else str(plan.cached_device.sessions),
+            opt(plan.cached_host))
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
@@ -90,7 +105,13 @@ def plan_table(result: PlanResult) -> str:
              f"mem_fraction_static {spec.serving.mem_fraction_static}, mamba ratio "
              f"{spec.serving.mamba_full_memory_ratio}", ""]
     lines += _table([COLUMNS] + [_row(g) for g in result.groups])
-    lines.append("  (per GPU in GiB, at each group's binding PP stage; sessions per replica)")
+    lines.append("  (per GPU in GiB, at each group's binding PP stage; sessions per replica; cached: paused "
+                 "sessions kept between turns)")
+    for g in result.groups:
+        if g.host is not None:
+            lines.append(f"  host tier: {g.group.label()}: {spec.serving.hicache_host_gib:g} GiB per rank = "
+                         f"{to_gib(g.host.kv_bytes):.2f} GiB latent rows + {to_gib(g.host.state_bytes):.2f} GiB KDA "
+                         f"states ({g.states_per_session} per session)")
     for g in result.groups:
         lines += [f"  note: {g.group.label()}: {n}" for n in g.notes]
     verdict = "meets" if result.meets_target else "MISSES"

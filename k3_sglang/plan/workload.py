@@ -7,6 +7,7 @@ from typing import Any
 
 from k3_sglang.plan.attention import ATTENTION_CHOICES
 from k3_sglang.plan.fields import require_bool, require_choice, require_float, require_int
+from k3_sglang.plan.sessions import DEFAULT_STATES_PER_PATH, UNCAPPED
 
 # SGLang's defaults and the planner's reserve assumptions, in one place (docs/capacity.md lists them).
 SGLANG_DEFAULT_MAMBA_RATIO = 0.9        # --mamba-full-memory-ratio fallback in SGLang 0.5.23
@@ -58,6 +59,8 @@ class Serving:
     replicate_q_proj: bool = True
     decode_radix_cache: bool = False  # PD decode servers: --disaggregation-decode-enable-radix-cache
     attention_backend: str = "auto"  # MLA attention backend (plan/attention.py)
+    mamba_states_per_path: int = DEFAULT_STATES_PER_PATH  # --mamba-max-states-per-path (-1: SGLang's no cap)
+    hicache_host_gib: float = 0.0  # HiCache host tier per rank (0: none): cached sessions on host
 
     def __post_init__(self) -> None:
         require_float("mem_fraction_static", self.mem_fraction_static, 0.0, 1.0)
@@ -71,6 +74,9 @@ class Serving:
         require_bool("replicate_q_proj", self.replicate_q_proj)
         require_bool("decode_radix_cache", self.decode_radix_cache)
         require_choice("attention_backend", self.attention_backend, ATTENTION_CHOICES)
+        if self.mamba_states_per_path != UNCAPPED:
+            require_int("mamba_states_per_path", self.mamba_states_per_path)
+        require_float("hicache_host_gib", self.hicache_host_gib, low_inclusive=True)
 
     @property
     def auto_ratio(self) -> bool:
@@ -99,4 +105,5 @@ class Serving:
                 "mamba_radix_cache_strategy": self.mamba_radix_cache_strategy, "page_size": self.page_size,
                 "draft_tokens": self.draft_tokens, "max_running_requests": self.max_running_requests,
                 "replicate_q_proj": self.replicate_q_proj, "decode_radix_cache": self.decode_radix_cache,
+                "mamba_states_per_path": self.mamba_states_per_path, "hicache_host_gib": self.hicache_host_gib,
                 "attention_backend": self.attention_backend}

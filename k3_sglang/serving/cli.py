@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 from k3_sglang.serving.kv_events_config import KvEventsSettings, hooks_env, kv_events_flags
+from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags
+from k3_sglang.plan.sessions import CPU_MIN_SESSION_TOKENS, DEFAULT_STATES_PER_PATH, UNCAPPED, device_state_slots
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE, ServedModel
 from k3_sglang.serving.pd_cpu import missing_transfer_engine, pd_cpu_env, pd_cpu_flags
 from k3_sglang.serving.retention import RetentionSettings
@@ -31,8 +33,9 @@ CPU_DEFAULTS = {
     "--max-total-tokens": "131072",
     "--max-running-requests": "48",
     "--chunked-prefill-size": "512",
-    "--max-mamba-cache-size": "64",
 }
+# The KDA state pool on CPU (--max-mamba-cache-size) is sized from the flags above by `cpu_state_slots`, so that
+# paused sessions are bounded by the KV pool, not by state slots (k3_sglang/plan/sessions.py).
 # An idle SGLang scheduler busy-polls a whole core unless told to sleep; on a 2-core host that
 # starves everything else.
 CPU_FLAGS = ("--sleep-on-idle",)
@@ -46,6 +49,8 @@ TEXT_ONLY_OVERRIDE = '{"language_model_only": true, "quantization_config": null}
 PORTABLE_DEFAULTS = {
     "--json-model-override-args": TEXT_ONLY_OVERRIDE,
     "--mamba-radix-cache-strategy": "no_buffer",
+    # A paused session keeps its tail state and the previous turn's, not one state per prefill chunk.
+    "--mamba-max-states-per-path": str(DEFAULT_STATES_PER_PATH),
     "--cuda-graph-backend-decode": "disabled",
     "--cuda-graph-backend-prefill": "disabled",
 }
@@ -178,7 +183,36 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
     flags = (COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (SGLANG_CPU_FLAGS if sglang_cpu else ())
              + (CPU_FLAGS if on_cpu else ()) + dcp_flags)
     argv += [f for f in flags if not _has_flag(extra, f)]
+    slots = cpu_state_slots(argv + extra) if on_cpu and not _has_flag(extra, "--max-mamba-cache-size") else None
+    if slots is not None:
+        argv += ["--max-mamba-cache-size", str(slots)]
     return argv + list(own_flags) + extra
+
+
+def cpu_state_slots(argv: list[str]) -> int | None:
+    """`--max-mamba-cache-size` for a CPU server with this command line: S slots per running request (SGLang's
+    ratio for the strategy, overlap off) plus P states for every cached session of CPU_MIN_SESSION_TOKENS in the KV
+    pool (P = --mamba-max-states-per-path; uncapped: one state per prefill chunk + 1). None for a command line
+    SGLang or the portable limits will refuse anyway (they name the bad value)."""
+    from k3_sglang.plan.sessions import states_per_cached_session
+    from k3_sglang.plan.workload import Serving
+
+    try:
+        running = int(_flag_value(argv, "--max-running-requests", "48"))
+        if _has_flag(argv, "--disable-radix-cache"):
+            return running  # SGLang's ratio is 1 and nothing is cached
+        strategy = _flag_value(argv, "--mamba-radix-cache-strategy", "no_buffer")
+        overlap = not _has_flag(argv, "--disable-overlap-schedule")
+        per_request = Serving(mamba_radix_cache_strategy=strategy).state_slots_per_request(overlap)
+        cap = int(_flag_value(argv, "--mamba-max-states-per-path", str(UNCAPPED)))
+        chunk = int(_flag_value(argv, "--chunked-prefill-size", "512"))
+        kv_tokens = int(_flag_value(argv, "--max-total-tokens", "131072"))
+    except ValueError:
+        return None
+    if cap != UNCAPPED and cap < 1 or running < 1 or kv_tokens < 1:
+        return None
+    per_session = states_per_cached_session(CPU_MIN_SESSION_TOKENS, chunk if chunk > 0 else kv_tokens, cap)
+    return device_state_slots(kv_tokens, running, per_request, per_session, CPU_MIN_SESSION_TOKENS)
 
 
 # Under DCP SGLang's radix pages are page_size x dcp_size tokens, and its KDA prefix cache then needs state
@@ -241,10 +275,12 @@ def served_model(settings: ServeSettings, model_path: Path, default_tiny: bool, 
         raise CliError(str(exc)) from None
 
 
-def check_served(argv: list[str], portable: bool) -> None:
+def check_served(argv: list[str], portable: bool, cpu_env: dict[str, str] | None = None) -> None:
     """Raise CliError (exit 2) listing every reason the chosen model cannot serve this command line here (the
-    portable model anywhere, SGLang's K3 on the k3_cpu platform)."""
+    portable model anywhere, SGLang's K3 on the k3_cpu platform); with cpu_env (a CPU host: the server's
+    environment) also what HiCache cannot do there (hicache/serve_flags.py)."""
     from k3_sglang.cli import CliError
+    from k3_sglang.hicache.serve_flags import cpu_hicache_refusals
     from k3_sglang.serving import sglang_cpu_limits
     from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals, refusal_message
 
@@ -252,12 +288,13 @@ def check_served(argv: list[str], portable: bool) -> None:
         args = parse_sglang_argv(argv)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    hicache = cpu_hicache_refusals(args, cpu_env) if cpu_env is not None else []
     if portable:
-        reasons = portable_refusals(args)
+        reasons = portable_refusals(args) + hicache
         if reasons:
             raise CliError(refusal_message(reasons))
         return
-    reasons = sglang_cpu_limits.refusals(args)
+    reasons = sglang_cpu_limits.refusals(args) + hicache
     if reasons:
         raise CliError(sglang_cpu_limits.refusal_message(reasons))
 
@@ -290,11 +327,12 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(missing)
     if on_cpu:
         argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
-    if model.portable or on_cpu:
-        check_served(argv, model.portable)
+        argv += cpu_hicache_flags(args.extra_args)  # HiCache on CPU (hicache/serve_flags.py); [] otherwise
     env = hooks_env(serving_env(args.extra_args, on_cpu, model.portable))
     if on_cpu:
-        env = pd_cpu_env(args.extra_args, args.host, env)
+        env = cpu_hicache_env(args.extra_args, args.host, pd_cpu_env(args.extra_args, args.host, env))
+    if model.portable or on_cpu:
+        check_served(argv, model.portable, env if on_cpu else None)
     command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]
     if args.dry_run:
         print(f"# model: {model.name} ({model.reason})")

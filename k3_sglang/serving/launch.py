@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from k3_sglang.hicache.serve_flags import cpu_hicache_refusals
 from k3_sglang.platform import PLATFORM_NAME
 from k3_sglang.serving.guards import RequestGuard, SampleLimits
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
@@ -60,10 +61,11 @@ def main(argv: list[str]) -> None:
     server_args = prepare_server_args(argv)
     message = None
     if os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
-        reasons = portable_refusals(server_args)
+        reasons = portable_refusals(server_args) + (
+            cpu_hicache_refusals(server_args) if os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME else [])
         message = refusal_message(reasons) if reasons else None
     elif os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME:
-        reasons = sglang_cpu_limits.refusals(server_args)
+        reasons = sglang_cpu_limits.refusals(server_args) + cpu_hicache_refusals(server_args)
         message = sglang_cpu_limits.refusal_message(reasons) if reasons else None
     if message:
         print(f"k3 serve: error: {message}", file=sys.stderr, flush=True)

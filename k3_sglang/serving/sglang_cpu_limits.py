@@ -62,7 +62,6 @@ ALLOWED_VALUES: dict[str, tuple[str, tuple, str]] = {
 MUST_BE_OFF: dict[str, tuple[str, str]] = {
     "enable_dp_attention": ("--enable-dp-attention", "no CPU path"),
     "enable_torch_compile": ("--enable-torch-compile", "the CPU kernels run eagerly"),
-    "enable_hierarchical_cache": ("--enable-hierarchical-cache", "HiCache is not tested with SGLang's K3 on CPU"),
     "enable_linear_replayssm": ("--enable-linear-replayssm", "ReplaySSM has no CPU kernel"),
     "enable_two_batch_overlap": ("--enable-two-batch-overlap", "no CPU path"),
     "enable_single_batch_overlap": ("--enable-single-batch-overlap", "no CPU path"),

@@ -9,6 +9,7 @@ import ast
 import re
 from pathlib import Path
 
+from k3_sglang.hicache.settings import HiCacheSettings
 from k3_sglang.model.settings import WorkerSettings
 from k3_sglang.serving.kv_events_config import KvEventsSettings
 from k3_sglang.serving.portable_limits import SUPPORTED_PARALLEL_SIZES, SUPPORTED_SPECULATIVE_ALGORITHMS
@@ -59,7 +60,7 @@ def test_architecture_md_states_the_portable_limits():
 
 def _settings_variables() -> set[str]:
     names = set()
-    for model in (ServeSettings, WorkerSettings, SpecSettings, KvEventsSettings, RetentionSettings):
+    for model in (ServeSettings, WorkerSettings, SpecSettings, KvEventsSettings, RetentionSettings, HiCacheSettings):
         names |= {model.env_name(f) for f, info in model.model_fields.items() if info.annotation is not SpecSettings}
     return names
 

@@ -39,7 +39,7 @@ REFUSED = [
     (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE"),
     (["--enable-dp-attention"], "--enable-dp-attention"),
     (["--enable-torch-compile"], "--enable-torch-compile"),
-    (["--enable-hierarchical-cache"], "--enable-hierarchical-cache"),
+    (["--enable-hierarchical-cache", "--hicache-io-backend", "kernel"], "--hicache-io-backend kernel: on CPU"),
     (["--cuda-graph-backend-decode", "full"], "CUDA graphs for decode (full)"),
 ]
 

@@ -18,6 +18,7 @@ BENCH_TARGETS: dict[str, tuple[str, str]] = {
     "router": ("k3_sglang.tooling.bench.router", "router placement latency, memory and proxy overhead"),
     "kv-events": ("k3_sglang.tooling.bench.kv_events", "agent sessions over two workers: text-inferred vs event-fed "
                   "placement vs event-fed + retention + prefetch"),
+    "sessions": ("k3_sglang.tooling.bench.sessions", "round-robin agent sessions: HiCache off vs host tier vs host + L3"),
     "verify": ("k3_sglang.tooling.bench.verify", "no-spec vs verify-all vs confidence-scheduled K3_CSV, concurrency 1-64"),
     "profile-verify": ("k3_sglang.tooling.bench.profile_verify", "K3_CSV verify/decode step cost -> docs/verify-cost-cpu.json"),
 }

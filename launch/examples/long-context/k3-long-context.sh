@@ -67,12 +67,12 @@ read -r -a NODE_ADDRS <<< "${K3_NODE_ADDRS:-}"
 
 node_0() {
   # unified-0: unified TP16 DCP8 EP16, host rank 0 of 2
-  start k3 serve --model-path "$MODEL_PATH" --trust-remote-code --tp-size 16 --dcp-size 8 --dcp-comm-backend a2a --ep-size 16 --attention-backend k3_dcp_mla --cuda-graph-backend-decode disabled --kv-cache-dtype bf16 --mamba-ssm-dtype float32 --mamba-full-memory-ratio 0.15 --mamba-radix-cache-strategy extra_buffer --mem-fraction-static 0.9 --page-size 64 --moe-runner-backend marlin --nnodes 2 --node-rank 0 --dist-init-addr "${NODE_ADDRS[0]}:5000" --host 0.0.0.0 --port 30000
+  start k3 serve --model-path "$MODEL_PATH" --trust-remote-code --tp-size 16 --dcp-size 8 --dcp-comm-backend a2a --ep-size 16 --attention-backend k3_dcp_mla --cuda-graph-backend-decode disabled --kv-cache-dtype bf16 --mamba-ssm-dtype float32 --mamba-full-memory-ratio 0.15 --mamba-radix-cache-strategy extra_buffer --mamba-max-states-per-path 2 --mem-fraction-static 0.9 --page-size 64 --moe-runner-backend marlin --nnodes 2 --node-rank 0 --dist-init-addr "${NODE_ADDRS[0]}:5000" --host 0.0.0.0 --port 30000
 }
 
 node_1() {
   # unified-0: unified TP16 DCP8 EP16, host rank 1 of 2
-  start k3 serve --model-path "$MODEL_PATH" --trust-remote-code --tp-size 16 --dcp-size 8 --dcp-comm-backend a2a --ep-size 16 --attention-backend k3_dcp_mla --cuda-graph-backend-decode disabled --kv-cache-dtype bf16 --mamba-ssm-dtype float32 --mamba-full-memory-ratio 0.15 --mamba-radix-cache-strategy extra_buffer --mem-fraction-static 0.9 --page-size 64 --moe-runner-backend marlin --nnodes 2 --node-rank 1 --dist-init-addr "${NODE_ADDRS[0]}:5000" --host 0.0.0.0 --port 30000
+  start k3 serve --model-path "$MODEL_PATH" --trust-remote-code --tp-size 16 --dcp-size 8 --dcp-comm-backend a2a --ep-size 16 --attention-backend k3_dcp_mla --cuda-graph-backend-decode disabled --kv-cache-dtype bf16 --mamba-ssm-dtype float32 --mamba-full-memory-ratio 0.15 --mamba-radix-cache-strategy extra_buffer --mamba-max-states-per-path 2 --mem-fraction-static 0.9 --page-size 64 --moe-runner-backend marlin --nnodes 2 --node-rank 1 --dist-init-addr "${NODE_ADDRS[0]}:5000" --host 0.0.0.0 --port 30000
 }
 
 case "$NODE_RANK" in 0) node_0 ;; 1) node_1 ;; esac

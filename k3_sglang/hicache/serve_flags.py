@@ -1,0 +1,126 @@
+"""What `k3 serve --enable-hierarchical-cache` adds and refuses on a CPU host (either K3 model on k3_cpu).
+
+Defaults (each yields to the user's own flag or variable):
+- `--hicache-io-backend direct --hicache-mem-layout page_first_direct`: the copy path our plugin supplies in torch
+  (hicache/hooks.py); SGLang's `kernel` backend and other layouts need CUDA ops that a CPU host cannot load.
+- Mooncake store (`--hicache-storage-backend mooncake`): TCP transport (`MOONCAKE_PROTOCOL=tcp`, no RDMA NIC),
+  a 512 MiB segment per rank instead of SGLang's 4 GiB, and on a loopback `--host` the client's address and TCP
+  listener on that address (`MOONCAKE_LOCAL_HOSTNAME`, `MC_TCP_BIND_ADDRESS`).
+
+Refused before any server starts (exit 2, every reason listed), each because it is untested or cannot run here:
+other IO backends and layouts; storage backends other than `file` and `mooncake`; write policies other than
+`write_through`; `buffer_only` host mode; Mooncake without a master address, or with a master that does not answer
+(a TCP connect to it, so a backend that is down at start is a clear error, not a failed scheduler).
+`cpu_hicache_refusals` reads SGLang's argument names (a parsed command line or a ServerArgs).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+HICACHE_FLAGS = ("--enable-hierarchical-cache", "--enable-hicache")
+CPU_HICACHE_DEFAULTS = {"--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct"}
+# SGLang's own cache-mode default, given explicitly: without it SGLang sizes the host tier from free memory after a
+# 10 GiB reserve and refuses to start on a 24 GB machine with less than that free.
+CPU_HICACHE_RATIO = "2"
+CPU_STORAGE_BACKENDS = ("file", "mooncake")
+CPU_WRITE_POLICIES = ("write_through",)
+CPU_MOONCAKE_ENV = {"MOONCAKE_PROTOCOL": "tcp", "MOONCAKE_DEVICE": "", "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(512 << 20)}
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+MASTER_CONNECT_TIMEOUT_S = 3.0
+
+
+def _has(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def hicache_requested(args: list[str]) -> bool:
+    """Whether this command line turns SGLang's HiCache on."""
+    return any(_has(args, f) for f in HICACHE_FLAGS)
+
+
+def cpu_hicache_flags(extra: list[str]) -> list[str]:
+    """SGLang flags to append for HiCache on CPU (none when HiCache is off or the user set them)."""
+    if not hicache_requested(extra):
+        return []
+    flags = [w for flag, value in CPU_HICACHE_DEFAULTS.items() if not _has(extra, flag) for w in (flag, value)]
+    if not _has(extra, "--hicache-ratio") and not _has(extra, "--hicache-size"):
+        flags += ["--hicache-ratio", CPU_HICACHE_RATIO]
+    return flags
+
+
+def cpu_hicache_env(extra: list[str], host: str, env: dict[str, str]) -> dict[str, str]:
+    """`env` with the Mooncake-on-CPU variables set where unset (unchanged without the mooncake backend)."""
+    if not hicache_requested(extra) or _value(extra, "--hicache-storage-backend") != "mooncake":
+        return env
+    out = dict(env)
+    for name, value in CPU_MOONCAKE_ENV.items():
+        out.setdefault(name, value)
+    if host in LOOPBACK_HOSTS:
+        address = "127.0.0.1" if host == "localhost" else host
+        out.setdefault("MOONCAKE_LOCAL_HOSTNAME", address)
+        out.setdefault("MC_TCP_BIND_ADDRESS", address)
+    return out
+
+
+def master_unreachable(address: str, timeout_s: float = MASTER_CONNECT_TIMEOUT_S) -> str:
+    """'' when a TCP connection to `host:port` opens, else why not."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return f"MOONCAKE_MASTER={address!r} is not host:port"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return ""
+    except OSError as exc:
+        return f"the Mooncake master at {address} does not answer ({exc.strerror or exc})"
+
+
+def cpu_hicache_refusals(args, environ: dict[str, str] | None = None) -> list[str]:
+    """Every reason SGLang's HiCache cannot run as asked on the CPU platform (empty when it can, or when off)."""
+    if not getattr(args, "enable_hierarchical_cache", False):
+        return []
+    environ = os.environ if environ is None else environ
+    reasons = []
+    io_backend = getattr(args, "hicache_io_backend", "direct")
+    if io_backend != "direct":
+        reasons.append(f"--hicache-io-backend {io_backend}: on CPU the host tier copies through SGLang's `direct` "
+                       "backend (its `kernel` ops are CUDA-only; `k3 serve` defaults to direct)")
+    layout = getattr(args, "hicache_mem_layout", "page_first_direct")
+    if layout != "page_first_direct":
+        reasons.append(f"--hicache-mem-layout {layout}: on CPU the host tier runs the page_first_direct layout "
+                       "(SGLang's KDA state host pool is page-first only; `k3 serve` defaults to page_first_direct)")
+    policy = getattr(args, "hicache_write_policy", "write_through")
+    if policy not in CPU_WRITE_POLICIES:
+        reasons.append(f"--hicache-write-policy {policy}: not exercised on CPU "
+                       f"(tested: {', '.join(CPU_WRITE_POLICIES)})")
+    if getattr(args, "hicache_host_memory_mode", "cache") != "cache":
+        reasons.append("--hicache-host-memory-mode buffer_only: not exercised on CPU")
+    backend = getattr(args, "hicache_storage_backend", None)
+    if backend is not None and backend not in CPU_STORAGE_BACKENDS:
+        reasons.append(f"--hicache-storage-backend {backend}: not available on CPU "
+                       f"(tested: {', '.join(CPU_STORAGE_BACKENDS)})")
+    if backend == "mooncake":
+        reasons += mooncake_refusals(environ)
+    return reasons
+
+
+def mooncake_refusals(environ) -> list[str]:
+    """A Mooncake store backend needs a reachable master (MOONCAKE_MASTER) or a config file."""
+    if environ.get("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH") or environ.get("MOONCAKE_CLIENT"):
+        return []  # SGLang reads the master from the file or talks to a standalone client
+    master = environ.get("MOONCAKE_MASTER", "")
+    if not master:
+        return ["--hicache-storage-backend mooncake: set MOONCAKE_MASTER=host:port of a running mooncake_master "
+                "(or SGLANG_HICACHE_MOONCAKE_CONFIG_PATH)"]
+    why = master_unreachable(master)
+    return [f"--hicache-storage-backend mooncake: {why}; start it first (mooncake_master -rpc_port PORT)"] if why else []

@@ -1,0 +1,82 @@
+"""`k3 bench sessions` without a server: the traffic plan, the arms' flags, the per-arm figures and the report.
+About 3 s."""
+from __future__ import annotations
+
+import argparse
+import datetime
+
+import pytest
+
+from k3_sglang.tooling.bench.session_traffic import SessionTraffic, TurnRecord, plan_session_prompts
+from k3_sglang.tooling.bench.sessions import arm_flags
+from k3_sglang.tooling.bench.sessions_summary import percentile, ratio, summarize
+
+TRAFFIC = SessionTraffic(sessions=2, first_tokens=1000, tool_tokens=100, output_tokens=10, turns=3)
+
+
+def _rec(session, turn, prompt, cached, tiers, ttft, answer=(1, 2)):
+    return TurnRecord(session, turn, prompt, cached, tiers, ttft, ttft + 0.1, answer)
+
+
+def test_traffic_is_reproducible_and_extends_a_shorter_run():
+    small = plan_session_prompts(SessionTraffic(2, 50, 5, 1, 2, seed=3))
+    big = plan_session_prompts(SessionTraffic(4, 50, 5, 1, 5, seed=3))
+    assert small[0] == big[0][:2] and [t[:1] for t in big[1][:2]] == small[1]
+    assert plan_session_prompts(SessionTraffic(2, 50, 5, 1, 2, seed=4))[0] != small[0]
+    assert TRAFFIC.session_tokens() == 1000 + 3 * 10 + 2 * 100
+    with pytest.raises(ValueError, match="sessions must be >= 1"):
+        SessionTraffic(0, 1, 1, 1, 1)
+
+
+def test_arm_flags_size_the_pools_from_the_traffic():
+    live = 2 * TRAFFIC.session_tokens()  # 2,460 tokens
+    assert arm_flags("off", TRAFFIC, 4) == ["--max-total-tokens", "768"]  # 615 rounded up to 256
+    host = arm_flags("host", TRAFFIC, 4)
+    assert host[:3] == ["--max-total-tokens", "768", "--enable-hierarchical-cache"]
+    assert int(host[-1]) * 768 >= live * 1.25  # the host tier holds every session
+    l3 = arm_flags("host-l3", TRAFFIC, 4)
+    assert l3[-2:] == ["--hicache-storage-backend", "mooncake"] and float(l3[4]) * 768 < live
+    assert int(arm_flags("resident", TRAFFIC, 4)[1]) >= live
+    with pytest.raises(ValueError, match="unknown arm"):
+        arm_flags("gpu", TRAFFIC, 4)
+
+
+def test_summary_of_an_arm():
+    off = [_rec(0, 0, 1000, 0, {}, 2.0), _rec(1, 0, 1000, 0, {}, 2.2),
+           _rec(0, 1, 1110, 0, {}, 2.4), _rec(1, 1, 1110, 100, {}, 2.0)]
+    host = [_rec(0, 0, 1000, 0, {}, 2.0), _rec(1, 0, 1000, 0, {}, 2.0),
+            _rec(0, 1, 1110, 1009, {"device": 0, "host": 1009}, 0.2),
+            _rec(1, 1, 1110, 1009, {"device": 9, "host": 500, "storage": 500}, 0.3, answer=(9,))]
+    s_off, s_host = summarize("off", off, off), summarize("host", host, off)
+    assert s_off.mismatches == 0 and s_host.mismatches == 1
+    assert s_off.tier_share["device"] == pytest.approx(100 / 2220) and s_off.prefilled_per_turn == 1060
+    assert s_host.tier_share == pytest.approx({"device": 9 / 2220, "host": 1509 / 2220, "storage": 500 / 2220})
+    assert s_host.ttft_p50_s == 0.2 and s_host.ttft_p99_s == 0.3 and s_host.first_turn_ttft_p50_s == 2.0
+    assert ratio(s_off, s_host) == pytest.approx(2.0 / 0.2) and ratio(None, s_host) is None
+    assert s_host.cached_share == pytest.approx(2018 / 2220)
+    with pytest.raises(ValueError, match="first and resumed"):
+        summarize("x", off[:2])
+    with pytest.raises(ValueError, match="not the baseline"):
+        summarize("x", off, off[:3])
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([3, 1, 2], 50) == 2 and percentile([5], 99) == 5 and percentile(list(range(1, 101)), 99) == 99
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_report_names_the_ratios_and_the_goals(tmp_path):
+    from k3_sglang.tooling.bench.sessions_report import write_report
+
+    recs = {arm: [_rec(s, t, 1000 + 110 * t, 0 if arm == "off" or not t else 1009, {} if arm == "off" else
+                       {"device": 0, "host": 1009 if t else 0}, ttft) for s in range(2) for t in range(2)]
+            for arm, ttft in (("off", 3.0), ("host", 0.3), ("resident", 0.25))}
+    summaries = {arm: summarize(arm, r, recs["off"]) for arm, r in recs.items()}
+    args = argparse.Namespace(sessions=2, first_tokens=1000, tool_tokens=100, output_tokens=10, turns=2, think_s=0.0,
+                              oversubscription=4.0, arms=list(recs), serve_args=[], out=tmp_path / "bench.md")
+    write_report(args, SessionTraffic(2, 1000, 100, 10, 2), datetime.datetime(2026, 12, 6), summaries, tmp_path)
+    text = (tmp_path / "bench.md").read_text()
+    assert "off / host, resumed-turn TTFT p50: **10.00x** (goal >= 5x: met)" in text
+    assert "host / all resident, resumed-turn TTFT p50: **1.20x** (goal <= 1.5x: met)" in text
+    assert "identical to `off` in every arm: yes" in text and (tmp_path / "bench.png").stat().st_size > 0
