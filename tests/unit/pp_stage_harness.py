@@ -89,7 +89,8 @@ def extend_batch(backend: StageBackend, reqs: list[int], prefix: list[int], new:
         mamba_cache_indices=torch.tensor(reqs, dtype=torch.int32), query_start_loc=torch.tensor(qsl, dtype=torch.int32))
     seq = [p + n for p, n in zip(prefix, new)]
     return SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=loc, extend_prefix_lens_cpu=list(prefix),
-                           extend_seq_lens_cpu=list(new), req_pool_indices=torch.tensor(reqs, dtype=torch.int64),
+                           extend_seq_lens_cpu=list(new), extend_seq_lens=torch.tensor(new, dtype=torch.int32),
+                           extend_prefix_lens=torch.tensor(prefix, dtype=torch.int32), req_pool_indices=torch.tensor(reqs, dtype=torch.int64),
                            seq_lens=torch.tensor(seq), seq_lens_cpu=torch.tensor(seq))
 
 
