@@ -34,10 +34,16 @@ def mla_pool_views(forward_batch):
 
 
 def batch_lengths(forward_batch) -> tuple[list[int], list[int]]:
-    """(prefix_lens, new_lens) per request from SGLang's host-side lengths; decode: (seq_len - 1, 1); a K3_CSV
-    verify: (committed seq_len, verify_len), its chains attended like an extend chunk (spec/info.py)."""
+    """(prefix_lens, new_lens) per request from SGLang's host-side lengths; decode: (seq_len - 1, 1); a chain
+    verify (TARGET_VERIFY): (committed seq_len, verify length), its chains attended like an extend chunk; the lengths
+    are SGLang's ragged verify layout's, or draft_token_num each without one."""
     if forward_batch.forward_mode.is_target_verify():
-        return ([int(n) for n in forward_batch.seq_lens_cpu.tolist()], list(forward_batch.spec_info.verify_lens))
+        seq = [int(n) for n in forward_batch.seq_lens_cpu.tolist()]
+        spec = forward_batch.spec_info
+        ragged = getattr(spec, "ragged_verify_layout", None)
+        if ragged is not None:
+            return seq, [int(n) for n in ragged.verify_lens_cpu]
+        return seq, [int(spec.draft_token_num)] * len(seq)
     if forward_batch.forward_mode.is_decode():
         seq = [int(n) for n in forward_batch.seq_lens_cpu.tolist()]
         return [n - 1 for n in seq], [1] * len(seq)

@@ -190,7 +190,7 @@ def serving_env(extra: list[str], on_cpu: bool, portable: bool = True) -> dict[s
         env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = PORTABLE_PACKAGE
     elif env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
         del env["SGLANG_EXTERNAL_MODEL_PACKAGE"]  # an inherited export must not swap SGLang's K3 out
-    if (portable and _flag_value(extra, "--speculative-algorithm", "").upper() == "K3_CSV"
+    if (_flag_value(extra, "--speculative-algorithm", "").upper() == "K3_CSV"
             and int(_flag_value(extra, "--pp-size", "1")) > 1):
         env["SGLANG_ENABLE_PP_SPEC"] = "1"  # SGLang's pipeline speculation relay (spec/pp_hooks.py)
     if _flag_value(extra, "--dtype", "auto") == "float32":
