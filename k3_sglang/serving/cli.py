@@ -233,13 +233,18 @@ def served_model(settings: ServeSettings, model_path: Path, default_tiny: bool, 
         raise CliError(str(exc)) from None
 
 
-def check_served(argv: list[str], portable: bool) -> None:
+def check_served(argv: list[str], portable: bool, on_cpu: bool = True) -> None:
     """Raise CliError (exit 2) listing every reason the chosen model cannot serve this command line here (the
-    portable model anywhere, SGLang's K3 on the k3_cpu platform)."""
+    portable model anywhere, SGLang's K3 on the k3_cpu platform; on CUDA, SGLang's K3 with K3_CSV against the
+    verify contract)."""
     from k3_sglang.cli import CliError
     from k3_sglang.serving import sglang_cpu_limits
     from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals, refusal_message
+    from k3_sglang.spec.contract import contract_refusals
 
+    k3_csv = _flag_value(argv, "--speculative-algorithm", "").upper() == "K3_CSV"
+    if not (portable or on_cpu or k3_csv):
+        return  # SGLang's K3 on CUDA checks its own arguments
     try:
         args = parse_sglang_argv(argv)
     except ValueError as exc:
@@ -248,6 +253,11 @@ def check_served(argv: list[str], portable: bool) -> None:
         reasons = portable_refusals(args)
         if reasons:
             raise CliError(refusal_message(reasons))
+        return
+    if not on_cpu:
+        reasons = contract_refusals(args, portable=False)
+        if reasons:
+            raise CliError("SGLang's K3 cannot serve this configuration:\n  - " + "\n  - ".join(reasons))
         return
     reasons = sglang_cpu_limits.refusals(args)
     if reasons:
@@ -278,8 +288,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(missing)
     if on_cpu:
         argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
-    if model.portable or on_cpu:
-        check_served(argv, model.portable)
+    check_served(argv, model.portable, on_cpu)
     env = serving_env(args.extra_args, on_cpu, model.portable)
     if on_cpu:
         env = pd_cpu_env(args.extra_args, args.host, env)

@@ -109,14 +109,17 @@ def portable_refusals(args) -> list[str]:
     return reasons
 
 
-def spec_refusals(args) -> list[str]:
-    """K3_CSV (k3_sglang/spec) settings this server cannot run: PP under PD, the torch_native MLA baseline, bad
-    K3_SPEC_*. (`k3 serve` sets SGLANG_ENABLE_PP_SPEC for K3_CSV under PP; spec/pp_hooks.py checks the rest.)"""
+def spec_refusals(args, portable: bool = True) -> list[str]:
+    """K3_CSV (k3_sglang/spec) settings this server cannot run: a model or backend outside SGLang's verify contract
+    (spec/contract.py), PP under PD, the torch_native MLA baseline, bad K3_SPEC_*. (`k3 serve` sets
+    SGLANG_ENABLE_PP_SPEC for K3_CSV under PP; spec/pp_hooks.py checks the rest.) portable: the portable model
+    serves (else SGLang's K3)."""
     import os
 
+    from k3_sglang.spec.contract import contract_refusals
     from k3_sglang.spec.settings import SpecSettings
 
-    reasons = []
+    reasons = contract_refusals(args, portable)
     pp = int(getattr(args, "pp_size", 1) or 1)
     mode = getattr(args, "disaggregation_mode", "null") or "null"
     if pp > 1 and mode != "null":

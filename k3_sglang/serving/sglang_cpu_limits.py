@@ -88,7 +88,7 @@ def refusals(args) -> list[str]:
     if _value(args, "speculative_algorithm") == "K3_CSV":
         from k3_sglang.serving.portable_limits import spec_refusals
 
-        reasons += spec_refusals(args)
+        reasons += spec_refusals(args, portable=False)
     if not getattr(args, "disable_overlap_schedule", False):
         reasons.append("the overlap scheduler: the no_buffer KDA prefix cache needs --disable-overlap-schedule "
                        "(k3 serve's default)")

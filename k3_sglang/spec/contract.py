@@ -17,12 +17,82 @@ SGLang 0.5.23 verifies drafts of a hybrid model (EAGLE, DSpark) in two moves, an
 MLA needs no commit: a chain's accepted rows already sit in their final KV slots. SGLang's scatter is a Triton kernel
 that refuses CPU tensors, so on our CPU platform `scatter_after_verify` (an AROUND hook of
 `scatter_mamba_states_after_mtp_verify`) performs the same copies in torch.
+
+Who honours the contract (`contract_refusals`, checked before any server starts): a K3 checkpoint (its
+config.json's `architectures`), served by the portable model (its own MLA and KDA layers) or by SGLang's K3 with an
+MLA attention backend whose TARGET_VERIFY reads SGLang's ragged verify layout (a K3_CSV step verifies chains of
+different lengths). Anything else is refused with the reason.
 """
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 import torch
 
 SCATTER_TARGET = "sglang.kernels.ops.mamba.mamba_state_scatter_triton.scatter_mamba_states_after_mtp_verify"
+# The architectures whose SGLang model classes (ours and SGLang's kimi_k3 EntryClass) verify into the contract.
+K3_ARCHITECTURES = ("KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM")
+# SGLang's K3: MLA attention backends whose TARGET_VERIFY metadata reads `spec_info.ragged_verify_layout`
+# (k3_cpu_mla: ours on CPU, end to end in tests/e2e/test_spec_serve.py; the GPU ones by their source in SGLang
+# 0.5.23, flashinfer_mla_backend.py, trtllm_mla_backend.py, flashattention_backend.py: not run here). None = the
+# backend SGLang picks for K3.
+RAGGED_VERIFY_MLA_BACKENDS = (None, "k3_cpu_mla", "flashinfer", "trtllm_mla", "fa3")
+ATTENTION_BACKEND_FIELDS = (("attention_backend", "--attention-backend"),
+                            ("decode_attention_backend", "--decode-attention-backend"))
+
+
+def model_architectures(model_path) -> list[str] | None:
+    """The `architectures` of a local checkpoint's config.json, or None when model_path is no local folder (a hub
+    id: the worker checks the loaded config, `check_loaded_model`)."""
+    path = Path(str(model_path)) if model_path else None
+    if path is None or not path.is_dir():
+        return None
+    try:
+        data = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(a) for a in data.get("architectures") or []]
+
+
+def _architecture_refusal(architectures: list[str], where: str) -> list[str]:
+    if any(a in K3_ARCHITECTURES for a in architectures):
+        return []
+    shown = ", ".join(architectures) or "none"
+    return [f"--speculative-algorithm K3_CSV with {where} (architectures: {shown}): K3_CSV verifies through SGLang's "
+            f"hybrid KDA verify contract, which only K3 models implement here ({', '.join(K3_ARCHITECTURES)})"]
+
+
+def contract_refusals(args, portable: bool | None = None) -> list[str]:
+    """Every reason this server's model or backend does not honour the verify contract (SGLang argument names:
+    model_path, attention_backend, decode_attention_backend); empty when it does. portable: the portable model
+    serves (None: read from SGLANG_EXTERNAL_MODEL_PACKAGE, as in a server process)."""
+    from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
+
+    path = getattr(args, "model_path", None)
+    architectures = model_architectures(path)
+    reasons = [] if architectures is None else _architecture_refusal(architectures, f"--model-path {path}")
+    if portable is None:
+        portable = os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE
+    if not portable:
+        for field, flag in ATTENTION_BACKEND_FIELDS:
+            value = getattr(args, field, None)
+            value = getattr(value, "value", value)
+            if value not in RAGGED_VERIFY_MLA_BACKENDS:
+                shown = ", ".join(b for b in RAGGED_VERIFY_MLA_BACKENDS if b)
+                reasons.append(f"--speculative-algorithm K3_CSV with {flag} {value}: its TARGET_VERIFY does not read "
+                               f"SGLang's ragged verify layout, and K3_CSV verifies chains of different lengths "
+                               f"(served with SGLang's K3: {shown})")
+    return reasons
+
+
+def check_loaded_model(model_config) -> None:
+    """Raise ValueError when the model a K3_CSV worker was given is no K3 (a hub id escapes contract_refusals)."""
+    hf = getattr(model_config, "hf_config", None)
+    reasons = _architecture_refusal([str(a) for a in getattr(hf, "architectures", None) or []], "this model")
+    if reasons:
+        raise ValueError(reasons[0])
 
 
 def chain_accept_index(accept_lens: torch.Tensor, width: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from k3_sglang.spec.accept import accept_greedy
 from k3_sglang.spec.batch_prep import to_plain_decode, to_verify
-from k3_sglang.spec.contract import commit_after_verify
+from k3_sglang.spec.contract import check_loaded_model, commit_after_verify
 from k3_sglang.spec.info import draft_state, one_token_draft_state
 from k3_sglang.spec.policy import StepPolicy
 from k3_sglang.spec.pp_plan import plain_plan, plan_from_wire
@@ -45,6 +45,7 @@ class K3SpecWorker(BaseSpecWorker):
         self._target_worker = target_worker
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
+        check_loaded_model(self.model_runner.model_config)  # a hub id escaped the start-up refusal
         self.device = get_device().device
         self.width = int(get_spec().speculative_num_draft_tokens)
         self.speculative_num_draft_tokens = self.width
