@@ -131,9 +131,10 @@ def spec_refusals(args, portable: bool = True) -> list[str]:
                        "MLA extend path only")
     if (getattr(args, "mamba_radix_cache_strategy", "no_buffer") == "extra_buffer"
             and not getattr(args, "disable_radix_cache", False)):
-        reasons.append("--speculative-algorithm K3_CSV with --mamba-radix-cache-strategy extra_buffer: verify steps "
-                       "leave no KDA track-slot snapshots, so a prefix hit would restore a stale state; use "
-                       "no_buffer (under DCP: --disable-radix-cache, `k3 serve`'s default there)")
+        reasons.append("--speculative-algorithm K3_CSV with --mamba-radix-cache-strategy extra_buffer: the track-slot "
+                       "copy of SGLang's commit after verification has no test here yet (a stale snapshot would "
+                       "restore a wrong state on a prefix hit); use no_buffer (under DCP: --disable-radix-cache, "
+                       "`k3 serve`'s default there)")
     width = getattr(args, "speculative_num_draft_tokens", None)
     if width is not None and int(width) < 2:
         reasons.append(f"--speculative-num-draft-tokens {width}: K3_CSV needs at least 2 (the root and a draft)")
