@@ -46,6 +46,15 @@ def _spec_hooks():
     return [(plugin.ASSIGN_TARGET, plugin.assign_req_to_token_pool_torch, "REPLACE")]
 
 
+def _contract_hooks():
+    from k3_sglang.spec import contract, plugin, pp_hooks
+
+    own = {t for t, _, _ in pp_hooks.installed_hooks() + _spec_hooks()}
+    hooks = [h for h in plugin.installed_hooks() if h[0] not in own]
+    assert [t for t, _, _ in hooks] == [contract.SCATTER_TARGET], hooks  # a new spec hook needs its own row here
+    return hooks
+
+
 def _platform_hooks():
     from k3_sglang import platform_hooks
 
@@ -108,9 +117,10 @@ HOOK_SETS = (
             "tests/unit/test_platform_hooks.py"),
     HookSet("k3_sglang.platform_hooks", "k3_cpu platform, either model", _platform_hooks,
             "tests/unit/test_platform_hooks.py"),
-    HookSet("k3_sglang.spec.plugin", "k3_cpu platform, portable model", _spec_hooks,
+    HookSet("k3_sglang.spec.plugin", "k3_cpu platform, either model", _spec_hooks,
             "tests/spec/test_spec_worker_parts.py"),
-    HookSet("k3_sglang.spec.pp_hooks", "k3_cpu platform, portable model (inert but for K3_CSV)", _pp_hooks,
+    HookSet("k3_sglang.spec.contract", "k3_cpu platform, either model", _contract_hooks, "tests/spec/test_contract.py"),
+    HookSet("k3_sglang.spec.pp_hooks", "k3_cpu platform, either model (inert but for K3_CSV)", _pp_hooks,
             "tests/spec/test_pp_hooks.py"),
     HookSet("k3_sglang.sglang_cpu.hooks", "k3_cpu platform, SGLang's own K3", _sglang_cpu_hooks,
             "tests/unit/test_sglang_cpu_hooks.py"),

@@ -58,7 +58,6 @@ _P = "k3_sglang.kernels."
 for _op, _torch, _triton in [
     ("kda_decode", "kda.naive_decode:kda_decode_torch", "kda.fused_recurrent:kda_fused_decode"),
     ("kda_verify", "kda.naive_decode:kda_verify_torch", "kda.fused_recurrent:kda_fused_verify"),
-    ("kda_commit", "kda.naive_decode:kda_commit_torch", "kda.fused_recurrent:kda_fused_commit"),
     ("kda_prefill", "kda.naive_decode:kda_prefill_torch", "kda.chunk:kda_chunk_prefill"),
     ("mla_dcp", "mla.dcp_torch:mla_dcp_attention_torch", "mla.dcp_triton:mla_dcp_attention_triton"),
     ("merge_attention_states", "mla.naive:merge_attention_states", "mla.decode:merge_attention_states_triton"),
@@ -84,15 +83,12 @@ def kda_decode(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_ind
     return fn(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, *_opts(opts))
 
 
-def kda_verify(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, opts=None, *, backend=None):
-    """Speculative verify; pools untouched. Returns (o [B, n, H*V], VerifyRecord)."""
+def kda_verify(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, scratch, opts=None, *,
+               backend=None):
+    """Speculative verify, pools untouched: the state and conv window after every token go to scratch
+    (kda/decode_common.py VerifyScratch, SGLang's per-draft scratch). Returns o [B, n, H*V]."""
     fn = resolve("kda_verify", mixed_qkv.device, backend)
-    return fn(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, *_opts(opts))
-
-
-def kda_commit(record, conv_pool, state_pool, state_indices, num_accepted, *, backend=None) -> None:
-    """Commit an accepted prefix of num_accepted[b] verified tokens into the pools (in place)."""
-    resolve("kda_commit", state_pool.device, backend)(record, conv_pool, state_pool, state_indices, num_accepted)
+    return fn(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, scratch, *_opts(opts))
 
 
 def kda_prefill(mixed_qkv, f, b, g_out, cu_seqlens, weights, conv_pool, state_pool, state_indices,

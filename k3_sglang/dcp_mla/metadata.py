@@ -56,6 +56,9 @@ def verify_lengths(forward_batch) -> tuple[torch.Tensor, int | None]:
     """(queries per request [B] on the device, q_len when every request has as many) of a TARGET_VERIFY forward."""
     spec = forward_batch.spec_info
     ragged = getattr(spec, "verify_lens", None)  # K3_CSV: per-request chain lengths (spec/info.py)
+    layout = getattr(spec, "ragged_verify_layout", None)  # SGLang's ragged verify layout (DSpark and K3_CSV)
+    if ragged is None and layout is not None:
+        ragged = layout.verify_lens_cpu
     seq = forward_batch.seq_lens
     if ragged is not None:
         ragged = [int(n) for n in ragged]

@@ -8,7 +8,12 @@ channels, A_log and dt_bias, o_proj columns (all-reduced), and SGLang's pool hol
 state ([W-1, 3P/tp], [H/tp, K, V]). Prefill is `dispatch.kda_prefill` (chunked KDA, varlen), decode
 `dispatch.kda_decode` (one fused step for the whole batch): Triton on CUDA, torch elsewhere, one
 contract (kernels/kda/decode_common.py), including padding requests (slot -1, as SGLang's
-CUDA-graph decode pads): output 0 and no pool row touched. When SGLang's `extra_buffer` prefix cache asks for state
+CUDA-graph decode pads): output 0 and no pool row touched. A TARGET_VERIFY forward (speculative chains) follows
+SGLang's verify contract, as SGLang's own KDA backend does: `dispatch.kda_verify` leaves the pools alone and writes
+the state and conv window after every chain token into the mamba pool's per-draft scratch (`intermediate_ssm`,
+`intermediate_conv_window`, at the row SGLang's `select_verify_intermediate_state_indices` gives each request);
+SGLang's hybrid backend commits the accepted step after acceptance (`update_mamba_state_after_mtp_verify`).
+When SGLang's `extra_buffer` prefix cache asks for state
 snapshots in its track slots, extend and decode leave them (model/kda_snapshot.py, checked against a per-token
 reference, and end to end under DCP against TP1: tests/e2e/test_tp_dcp.py); `k3 serve` picks it under DCP.
 """
@@ -22,7 +27,7 @@ from torch import nn
 
 from k3_sglang.config import K3Config
 from k3_sglang.kernels import dispatch
-from k3_sglang.kernels.kda.decode_common import KDAOptions, KDAWeights
+from k3_sglang.kernels.kda.decode_common import KDAOptions, KDAWeights, VerifyScratch, chain_layout
 from k3_sglang.model.common import FusedWeightCache, WeightOnly
 from k3_sglang.model.kda_snapshot import SnapshotPlan, copy_snapshots, prefill_with_snapshots, snapshot_plan
 from k3_sglang.model.parallel import ModelParallel, all_reduce, column, mark_sharded, row
@@ -59,6 +64,26 @@ def kda_state_view(forward_batch, layer_id: int) -> KDAStateView:
     return KDAStateView(conv=cache.conv[0], temporal=cache.temporal,
                         slots=meta.mamba_cache_indices.long(), query_start_loc=meta.query_start_loc,
                         snapshots=snapshot_plan(forward_batch, getattr(meta, "mamba_track_indices", None)))
+
+
+def verify_scratch(forward_batch, layer_id: int, slots: torch.Tensor) -> VerifyScratch:
+    """SGLang's per-draft scratch of one KDA layer for a TARGET_VERIFY forward: intermediate_ssm [R, N, H, K, V],
+    intermediate_conv_window [R, N, W-1, D] and each request's row, chosen as SGLang's KDA backend chooses it
+    (request i -> row i; under SGLang's pipeline speculation the request's req-pool row, stable across stages)."""
+    from sglang.srt.layers.attention.linear.utils import select_verify_intermediate_state_indices
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    linear = get_attn_backend().linear_attn_backend
+    cache = linear.req_to_token_pool.mamba2_layer_cache(layer_id)
+    state = getattr(cache, "intermediate_ssm", None)
+    if state is None:
+        raise RuntimeError("K3 KDA verify needs SGLang's speculative mamba scratch (MambaPool.SpeculativeState); "
+                           "none was allocated")
+    bs = slots.shape[0]
+    rows = select_verify_intermediate_state_indices(linear.verify_intermediate_state_indices,
+                                                    forward_batch.req_pool_indices, slots >= 0,
+                                                    linear.req_to_token_pool.size)[:bs]
+    return VerifyScratch(state, cache.intermediate_conv_window[0], rows.to(slots.device))
 
 
 def _shard(param: nn.Parameter, heads: Shard) -> nn.Parameter:
@@ -132,7 +157,7 @@ class KDAMixer(nn.Module):
             return torch.zeros_like(x)
         state = kda_state_view(forward_batch, self.layer_id)
         if mode.is_target_verify():  # before is_extend: SGLang counts TARGET_VERIFY as an extend mode
-            return self.forward_verify(x, state, forward_batch.spec_info)
+            return self.forward_verify(x, state, forward_batch)
         if mode.is_decode():
             return self.forward_decode(x, state)
         return self.forward_extend(x, state, forward_batch.extend_prefix_lens_cpu)
@@ -161,26 +186,23 @@ class KDAMixer(nn.Module):
                                    state.conv, state.temporal, state.slots, has_state, state.snapshots)  # [T, H*V]
         return all_reduce(self.o_proj(o.to(x.dtype)), self.mp.attn_tp, "attn_tp_group")
 
-    def forward_verify(self, x: torch.Tensor, state: KDAStateView, spec) -> torch.Tensor:
-        """Speculative chains x [T, hidden] (packed per request, spec.layout) -> [T, hidden], the pools untouched.
+    def forward_verify(self, x: torch.Tensor, state: KDAStateView, forward_batch) -> torch.Tensor:
+        """Speculative chains x [T, hidden] -> [T, hidden], the pools untouched (SGLang's verify contract).
 
-        Runs as spec.layout.l_max batched recurrent steps from each slot's state (the same per-step ops as decode,
-        so a committed prefix is bit-identical to decoding it) and leaves the per-token record in
-        spec.kda_records for `commit_verify`."""
+        Request b owns packed rows qsl[b]:qsl[b+1] (SGLang's ragged verify layout, or draft_token_num each). They run
+        as batched recurrent steps from each slot's state (the same per-step ops as decode, so a committed step is
+        bit-identical to decoding those tokens); the state and window after every token go to SGLang's per-draft
+        scratch, which SGLang's hybrid backend commits after acceptance."""
         pre, f, b, out_gate = self.project(x)
         weights, opts = self.kernel_args()
-        index = spec.dense_index  # [B, L] packed row, or T for the padding row
+        index, packed = chain_layout(state.query_start_loc, x.shape[0])  # [B, L] packed row (T = padding), [T]
 
         def dense(t: torch.Tensor) -> torch.Tensor:  # [T, C] -> [B, L, C], zero rows past each chain
             return torch.cat([t, t.new_zeros(1, t.shape[1])])[index]
 
-        o, record = dispatch.kda_verify(dense(pre.to(state.conv.dtype)), dense(f), dense(b), dense(out_gate),
-                                        weights, state.conv, state.temporal, state.slots, opts)  # [B, L, H*V]
-        spec.kda_records[self.layer_id] = (record, state)
-        o = o.reshape(-1, o.shape[-1])[spec.packed_index]  # [T, H*V]
+        scratch = verify_scratch(forward_batch, self.layer_id, state.slots[: index.shape[0]])
+        o = dispatch.kda_verify(dense(pre.to(state.conv.dtype)), dense(f), dense(b), dense(out_gate), weights,
+                                state.conv, state.temporal, state.slots[: index.shape[0]], scratch, opts)
+        o = o.reshape(-1, o.shape[-1])[packed]  # [T, H*V]
         return all_reduce(self.o_proj(o.to(x.dtype)), self.mp.attn_tp, "attn_tp_group")
 
-    def commit_verify(self, spec, commit_lens: torch.Tensor) -> None:
-        """Fold the first commit_lens[b] verified tokens of each request into its pool slot (state and conv)."""
-        record, state = spec.kda_records.pop(self.layer_id)
-        dispatch.kda_commit(record, state.conv, state.temporal, state.slots, commit_lens.to(state.slots.device))

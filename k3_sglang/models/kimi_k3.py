@@ -112,16 +112,6 @@ class KimiK3ForConditionalGeneration(nn.Module):
             return PPProxyTensors(pack_carry(*out))
         return self.logits_processor(input_ids, out, self.lm_head, forward_batch)
 
-    def commit_verify(self, spec_info, commit_lens: torch.Tensor) -> None:
-        """After a K3_CSV verify: commit the first commit_lens [B] tokens of each chain in every KDA layer of this
-        stage (MLA needs nothing: a chain's accepted rows already sit in their final KV slots)."""
-        from k3_sglang.model.kda_layer import KDAMixer
-
-        for i in range(self.model.start_layer, self.model.end_layer):
-            mixer = self.model.layers[i].self_attn
-            if isinstance(mixer, KDAMixer):
-                mixer.commit_verify(spec_info, commit_lens)
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         skipped = [0]
 

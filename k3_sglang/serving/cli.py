@@ -232,7 +232,7 @@ def serving_env(extra: list[str], on_cpu: bool, portable: bool = True) -> dict[s
         env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = PORTABLE_PACKAGE
     elif env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
         del env["SGLANG_EXTERNAL_MODEL_PACKAGE"]  # an inherited export must not swap SGLang's K3 out
-    if (portable and _flag_value(extra, "--speculative-algorithm", "").upper() == "K3_CSV"
+    if (_flag_value(extra, "--speculative-algorithm", "").upper() == "K3_CSV"
             and int(_flag_value(extra, "--pp-size", "1")) > 1):
         env["SGLANG_ENABLE_PP_SPEC"] = "1"  # SGLang's pipeline speculation relay (spec/pp_hooks.py)
     if _flag_value(extra, "--dtype", "auto") == "float32":
@@ -275,15 +275,20 @@ def served_model(settings: ServeSettings, model_path: Path, default_tiny: bool, 
         raise CliError(str(exc)) from None
 
 
-def check_served(argv: list[str], portable: bool, cpu_env: dict[str, str] | None = None) -> None:
+def check_served(argv: list[str], portable: bool, on_cpu: bool = True, cpu_env: dict[str, str] | None = None) -> None:
     """Raise CliError (exit 2) listing every reason the chosen model cannot serve this command line here (the
-    portable model anywhere, SGLang's K3 on the k3_cpu platform); with cpu_env (a CPU host: the server's
-    environment) also what HiCache cannot do there (hicache/serve_flags.py)."""
+    portable model anywhere, SGLang's K3 on the k3_cpu platform; on CUDA, SGLang's K3 with K3_CSV against the
+    verify contract); with cpu_env (a CPU host: the server's environment) also what HiCache cannot do there
+    (hicache/serve_flags.py)."""
     from k3_sglang.cli import CliError
     from k3_sglang.hicache.serve_flags import cpu_hicache_refusals
     from k3_sglang.serving import sglang_cpu_limits
     from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals, refusal_message
+    from k3_sglang.spec.contract import contract_refusals
 
+    k3_csv = _flag_value(argv, "--speculative-algorithm", "").upper() == "K3_CSV"
+    if not (portable or on_cpu or k3_csv):
+        return  # SGLang's K3 on CUDA checks its own arguments
     try:
         args = parse_sglang_argv(argv)
     except ValueError as exc:
@@ -293,6 +298,11 @@ def check_served(argv: list[str], portable: bool, cpu_env: dict[str, str] | None
         reasons = portable_refusals(args) + hicache
         if reasons:
             raise CliError(refusal_message(reasons))
+        return
+    if not on_cpu:
+        reasons = contract_refusals(args, portable=False)
+        if reasons:
+            raise CliError("SGLang's K3 cannot serve this configuration:\n  - " + "\n  - ".join(reasons))
         return
     reasons = sglang_cpu_limits.refusals(args) + hicache
     if reasons:
@@ -331,8 +341,7 @@ def run(args: argparse.Namespace) -> int:
     env = hooks_env(serving_env(args.extra_args, on_cpu, model.portable))
     if on_cpu:
         env = cpu_hicache_env(args.extra_args, args.host, pd_cpu_env(args.extra_args, args.host, env))
-    if model.portable or on_cpu:
-        check_served(argv, model.portable, env if on_cpu else None)
+    check_served(argv, model.portable, on_cpu, env if on_cpu else None)
     command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]
     if args.dry_run:
         print(f"# model: {model.name} ({model.reason})")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-PORTABLE_PACKAGE = "k3_sglang.models"
+from k3_sglang import PORTABLE_PACKAGE  # noqa: F401 - re-exported for the serving modules
 
 
 @dataclass(frozen=True)

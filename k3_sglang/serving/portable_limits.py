@@ -112,12 +112,15 @@ def portable_refusals(args) -> list[str]:
     return reasons
 
 
-def spec_refusals(args) -> list[str]:
-    """K3_CSV (k3_sglang/spec) settings this server cannot run: PP under PD, the torch_native MLA baseline, bad
-    K3_SPEC_*. (`k3 serve` sets SGLANG_ENABLE_PP_SPEC for K3_CSV under PP; spec/pp_hooks.py checks the rest.)"""
+def spec_refusals(args, portable: bool = True) -> list[str]:
+    """K3_CSV (k3_sglang/spec) settings this server cannot run: a model or backend outside SGLang's verify contract
+    (spec/contract.py), PP under PD, the torch_native MLA baseline, bad K3_SPEC_*. (`k3 serve` sets
+    SGLANG_ENABLE_PP_SPEC for K3_CSV under PP; spec/pp_hooks.py checks the rest.) portable: the portable model
+    serves (else SGLang's K3)."""
     from k3_sglang.model.settings import WorkerSettings
+    from k3_sglang.spec.contract import contract_refusals
 
-    reasons = []
+    reasons = contract_refusals(args, portable)
     pp = int(getattr(args, "pp_size", 1) or 1)
     mode = getattr(args, "disaggregation_mode", "null") or "null"
     if pp > 1 and mode != "null":
@@ -134,9 +137,10 @@ def spec_refusals(args) -> list[str]:
                        "MLA extend path only")
     if (getattr(args, "mamba_radix_cache_strategy", "no_buffer") == "extra_buffer"
             and not getattr(args, "disable_radix_cache", False)):
-        reasons.append("--speculative-algorithm K3_CSV with --mamba-radix-cache-strategy extra_buffer: verify steps "
-                       "leave no KDA track-slot snapshots, so a prefix hit would restore a stale state; use "
-                       "no_buffer (under DCP: --disable-radix-cache, `k3 serve`'s default there)")
+        reasons.append("--speculative-algorithm K3_CSV with --mamba-radix-cache-strategy extra_buffer: the track-slot "
+                       "copy of SGLang's commit after verification has no test here yet (a stale snapshot would "
+                       "restore a wrong state on a prefix hit); use no_buffer (under DCP: --disable-radix-cache, "
+                       "`k3 serve`'s default there)")
     width = getattr(args, "speculative_num_draft_tokens", None)
     if width is not None and int(width) < 2:
         reasons.append(f"--speculative-num-draft-tokens {width}: K3_CSV needs at least 2 (the root and a draft)")

@@ -55,8 +55,9 @@ ALLOWED_VALUES: dict[str, tuple[str, tuple, str]] = {
     "kv_cache_dtype": ("--kv-cache-dtype", (None, "auto"), "the CPU MLA backend keeps the model dtype"),
     "dtype": ("--dtype", (None, "auto", "bfloat16", "float32"), "float16 has no tested CPU path"),
     "disaggregation_mode": ("--disaggregation-mode", (None, "null"), "PD is not tested with SGLang's K3 on CPU"),
-    "speculative_algorithm": ("--speculative-algorithm", (None,),
-                              "speculative decoding is not wired to SGLang's K3 on CPU"),
+    "speculative_algorithm": ("--speculative-algorithm", (None, "K3_CSV"),
+                              "SGLang's own speculative workers (EAGLE, DSpark, NGRAM) have no CPU path; K3_CSV runs "
+                              "on SGLang's verify contract there (docs/spec.md)"),
 }
 # SGLang boolean fields that must stay off: flag, why.
 MUST_BE_OFF: dict[str, tuple[str, str]] = {
@@ -92,6 +93,10 @@ def refusals(args) -> list[str]:
         reasons.append("--mamba-radix-cache-strategy no_buffer under --dcp-size > 1: DCP's radix pages hold "
                        "page_size x dcp tokens and need the extra_buffer KDA snapshots (k3 serve's default there), "
                        "or --disable-radix-cache")
+    if _value(args, "speculative_algorithm") == "K3_CSV":
+        from k3_sglang.serving.portable_limits import spec_refusals
+
+        reasons += spec_refusals(args, portable=False)
     if not getattr(args, "disable_overlap_schedule", False):
         reasons.append("the overlap scheduler: SGLang's K3 on CPU runs with --disable-overlap-schedule (k3 serve's "
                        "default; the no_buffer KDA prefix cache needs it)")

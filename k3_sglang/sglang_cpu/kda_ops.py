@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from k3_sglang.kernels.kda.decode_common import chain_layout
 from k3_sglang.kernels.kda.naive import chunk_kda, delta_rule_step, kda_gate, l2_normalize
 
 PAD_SLOT_ID = -1
@@ -57,26 +58,42 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor | None = None, activation=None, cache_seqlens=None,
                          conv_state_indices: torch.Tensor | None = None, pad_slot_id: int = PAD_SLOT_ID,
-                         **kwargs) -> torch.Tensor:
-    """One decode token per request (SGLang's `causal_conv1d_update` contract, single-token form).
+                         intermediate_conv_window: torch.Tensor | None = None,
+                         intermediate_state_indices: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """SGLang's `causal_conv1d_update` contract: decode (one token) and chain verify (n tokens per request).
 
-    x [B, D]; conv_state [slots, D, W-1] (pool view), shifted left by one with x appended; conv_state_indices [B].
-    Returns y [B, D] in x.dtype.
+    x [B, D] (decode) or [B, D, n] (a verify chain, token t of request b at x[b, :, t]); conv_state [slots, D, W-1]
+    (pool view); conv_state_indices [B] (-1: padding, output 0, nothing written).
+    Decode (no intermediate window): the slot's window is shifted by the n tokens (n = 1 in SGLang's decode).
+    Verify (intermediate_conv_window [rows, n_max, D, W-1] with intermediate_state_indices [B]): the window after
+    token t (its last W-1 inputs, oldest first) goes to intermediate_conv_window[intermediate_state_indices[b], t];
+    the pool is left as it was (SGLang's commit after acceptance copies the accepted step's window into it).
+    Returns y [B, D] or [B, D, n] in x.dtype (silu applied when activation is set).
     """
-    unsupported = [k for k in ("num_accept_tokens", "intermediate_conv_window", "retrieve_parent_token")
+    unsupported = [k for k in ("num_accept_tokens", "retrieve_parent_token", "retrieve_next_token")
                    if kwargs.get(k) is not None]
-    if x.dim() != 2 or cache_seqlens is not None or unsupported:
-        raise NotImplementedError(f"causal_conv1d_update on CPU: single-token decode only (x {tuple(x.shape)}, "
+    if x.dim() not in (2, 3) or cache_seqlens is not None or unsupported:
+        raise NotImplementedError(f"causal_conv1d_update on CPU: decode or chain verify only (x {tuple(x.shape)}, "
                                   f"circular buffer={cache_seqlens is not None}, {unsupported})")
-    B = x.shape[0]
+    if intermediate_conv_window is not None and intermediate_state_indices is None:
+        raise ValueError("causal_conv1d_update: intermediate_conv_window needs intermediate_state_indices")
+    single = x.dim() == 2
+    xs = x[:, :, None] if single else x  # [B, D, n]
+    B, _, n = xs.shape
+    W = weight.shape[1]
     idx = conv_state_indices.long() if conv_state_indices is not None else torch.arange(B)
     valid = idx != pad_slot_id
-    safe = idx.clamp(min=0)
-    rows = torch.cat([conv_state[safe].float(), x.float()[:, :, None]], 2).transpose(1, 2)  # [B, W, D]
-    y = _conv(rows, weight, bias, activation is not None)[:, 0]  # [B, D]
     keep = valid.nonzero().flatten()
-    conv_state[idx[keep]] = rows[keep, 1:].transpose(1, 2).to(conv_state.dtype)
-    return torch.where(valid[:, None], y, torch.zeros_like(y)).to(x.dtype)
+    rows = torch.cat([conv_state[idx.clamp(min=0)].float(), xs.float()], 2).transpose(1, 2)  # [B, W-1 + n, D]
+    y = _conv(rows, weight, bias, activation is not None)  # [B, n, D]
+    if intermediate_conv_window is None:
+        conv_state[idx[keep]] = rows[keep, n:].transpose(1, 2).to(conv_state.dtype)
+    else:
+        windows = rows.unfold(1, W - 1, 1)[:, 1:]  # [B, n, D, W-1]: the window after each token
+        inter = intermediate_state_indices[:B].long()[keep]
+        intermediate_conv_window[inter, :n] = windows[keep].to(intermediate_conv_window.dtype)
+    y = torch.where(valid[:, None, None], y, torch.zeros_like(y)).transpose(1, 2).to(x.dtype)  # [B, D, n]
+    return y[:, :, 0] if single else y
 
 
 def gate_and_beta(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
@@ -137,40 +154,53 @@ def kda_extend(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cache_
 
 def kda_recurrent(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cache_indices, query_start_loc,
                   write_state: bool = True, intermediate_states=None, intermediate_state_indices=None):
-    """Token-by-token KDA for requests of equal length n (decode: n = 1; a verify chain: n = draft length).
+    """Token-by-token KDA of short sequences (decode: one token each; a verify: each request's chain).
 
-    q, k [1, B*n, H, K], v [1, B*n, H, V]; a raw gate [B*n, H*K] or [1, B*n, H, K]; b [1, B*n, H];
-    ssm_states [slots, H, V, K]; cache_indices [B]; query_start_loc [B+1] (every request n tokens).
-    write_state: store the final state in the slot; intermediate_states [rows, n, H, V, K] (with
-    intermediate_state_indices [B]) gets the state after every token instead (the slot is left unchanged).
-    Returns o [1, B*n, H, V] in v.dtype.
+    q, k [1, T, H, K], v [1, T, H, V]; a raw gate [T, H*K] or [1, T, H, K]; b [1, T, H]; request b owns packed
+    rows query_start_loc[b]:query_start_loc[b+1] (equal or ragged lengths); ssm_states [slots, H, V, K];
+    cache_indices [B]. write_state: store each request's final state in its slot; intermediate_states
+    [rows, n_max, H, V, K] (with intermediate_state_indices [B]) gets the state after every token t of request b
+    at [intermediate_state_indices[b], t] instead (the slot is left unchanged; steps past a chain's end hold its
+    final state). All requests advance one token per step together, every op on [B, ...] tensors, so a chain's
+    state after token t is bit-identical to decoding tokens 0..t in a batch of the same size.
+    Returns o [1, T, H, V] in v.dtype.
     """
-    _, TN, H, K = k.shape
+    _, T, H, K = k.shape
     V = v.shape[-1]
     B = cache_indices.shape[0]
     if B == 0:
         return torch.zeros_like(v)
-    n = TN // B
-    if n * B != TN or (query_start_loc.numel() == B + 1 and int(query_start_loc[-1]) != TN):
-        raise NotImplementedError(f"KDA recurrent path on CPU: {B} requests must share one length (tokens {TN})")
+    if query_start_loc.numel() != B + 1:
+        raise ValueError(f"KDA recurrent path: query_start_loc {tuple(query_start_loc.shape)} for {B} requests")
+    rows, _ = chain_layout(query_start_loc.cpu(), T)  # [B, n]: packed row of token t of request b (T = padding)
+    n = rows.shape[1]
     idx = cache_indices.long()
     valid = idx != PAD_SLOT_ID
     safe = idx.clamp(min=0)
+
+    def dense(x: torch.Tensor, *shape) -> torch.Tensor:  # packed [T, ...] -> [B, n, ...], zero padding rows
+        x = x.float().reshape(T, *shape)
+        return torch.cat([x, x.new_zeros(1, *shape)])[rows]
+
     S = ssm_states[safe].float().transpose(-1, -2)  # [B, H, K, V]
-    qs = l2_normalize(q[0].float().view(B, n, H, K), L2_EPS)
-    ks = l2_normalize(k[0].float().view(B, n, H, K), L2_EPS)
-    vs = v[0].float().view(B, n, H, V)
-    g, beta = gate_and_beta(a.reshape(B * n, -1), b.reshape(B * n, H), A_log, dt_bias, lower_bound, H, K)
-    g, beta = g.view(B, n, H, K), beta.view(B, n, H)
-    outs = []
+    qs, ks, vs = dense(q, H, K), dense(k, H, K), dense(v, H, V)
+    a_s, b_s = dense(a, H * K), dense(b, H)
+    inter_rows = intermediate_state_indices[:B].long()[valid] if intermediate_states is not None else None
+    o = torch.zeros(T + 1, H, V, dtype=torch.float32)
     for t in range(n):
-        o_t, S, _ = delta_rule_step(qs[:, t], ks[:, t], vs[:, t], g[:, t], beta[:, t], K ** -0.5, S)
-        outs.append(o_t)
-        if intermediate_states is not None:
-            rows = intermediate_state_indices.long()[valid]
-            intermediate_states[rows, t] = S[valid].transpose(-1, -2).to(intermediate_states.dtype)
-    o = torch.stack(outs, 1) * valid[:, None, None, None]  # [B, n, H, V]
+        # token t of every request, contiguous, every op on [B, ...]: the same shapes (and bits) whatever n is
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return x[:, t].contiguous()
+
+        g, beta = gate_and_beta(step(a_s), step(b_s), A_log, dt_bias, lower_bound, H, K)
+        o_t, S_t, _ = delta_rule_step(l2_normalize(step(qs), L2_EPS), l2_normalize(step(ks), L2_EPS), step(vs), g,
+                                      beta, K ** -0.5, S)
+        S = torch.where((rows[:, t] < T).view(B, 1, 1, 1), S_t, S)  # a finished chain keeps its state
+        o[rows[:, t]] = o_t
+        if inter_rows is not None:
+            intermediate_states[inter_rows, t] = S[valid].transpose(-1, -2).to(intermediate_states.dtype)
+    o[:T][~valid.repeat_interleave(rows.lt(T).sum(1))] = 0  # padding requests output 0
     if write_state:
         ssm_states[idx[valid]] = S[valid].transpose(-1, -2).to(ssm_states.dtype)
-    return o.reshape(1, B * n, H, V).to(v.dtype)
+    return o[:T][None].to(v.dtype)
 

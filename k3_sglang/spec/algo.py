@@ -10,7 +10,12 @@ def validate_server_args(server_args) -> None:
     """Refuse what K3_CSV cannot run (SGLang calls this while resolving ServerArgs; a ValueError stops the start)."""
     from k3_sglang.spec.settings import SpecSettings
 
+    from k3_sglang.spec.contract import contract_refusals
+
     SpecSettings.from_env().ready()  # bad K3_SPEC_* values fail here, before any worker starts
+    reasons = contract_refusals(server_args)
+    if reasons:
+        raise ValueError("; ".join(reasons))
     if int(getattr(server_args, "pp_size", 1) or 1) > 1:
         from k3_sglang.spec.pp_hooks import pipeline_refusals
 

@@ -1,9 +1,10 @@
 """The verify input of one K3_CSV step (what the model's layers read in TARGET_VERIFY).
 
 A step verifies a chain per request: its root (the last committed token, whose KV is not written yet) followed by
-verify_lens[b] - 1 drafts, packed request after request into T = sum(verify_lens) rows. MLA attends these rows as
+verify_lens[b] - 1 drafts, packed request after request into T = sum(verify_lens) rows, described to SGLang as its
+ragged verify layout (`ragged_verify_layout`, the per-request lengths every layer reads). MLA attends these rows as
 an extend over the committed prefix (lower-right causal); KDA runs them as verify_lens[b] recurrent steps from the
-slot's state without writing the pool, and leaves its per-token record here for `commit_verify`.
+slot's state into SGLang's per-draft scratch without writing the pool (spec/contract.py).
 """
 from __future__ import annotations
 
@@ -55,13 +56,6 @@ class VerifyLayout:
         grid = torch.tensor(self.seq_lens, dtype=torch.int64)[:, None] + torch.arange(self.l_max)[None, :]
         return grid[self.valid()]
 
-    def dense_index(self) -> torch.Tensor:
-        """[B, L_max] int64: packed row of (request b, step t), or T (a padding row) where t >= verify_lens[b]."""
-        valid = self.valid()
-        index = torch.full(valid.shape, self.num_tokens, dtype=torch.int64)
-        index[valid] = torch.arange(self.num_tokens)
-        return index
-
     def packed_index(self) -> torch.Tensor:
         """[T] int64: flat index into a [B, L_max] tensor of each packed row."""
         return self.valid().flatten().nonzero().flatten()
@@ -108,15 +102,12 @@ class K3VerifyInput(SpecInput):
         self.num_tokens_per_req = draft_token_num
         self.num_tokens_for_logprob_per_req = draft_token_num
         self.positions = layout.positions().to(device)
-        self.dense_index = layout.dense_index().to(device)
         self.packed_index = layout.packed_index().to(device)
         self.capture_hidden_mode = CaptureHiddenMode.NULL
         self.custom_mask = None
         # SGLang's hybrid linear backend reads query_start_loc from here for a ragged verify
         self.ragged_verify_layout = RaggedVerifyLayout.from_verify_lens(
             verify_lens_cpu=self.verify_lens, device=torch.device(device), grid=[layout.num_tokens])
-        # layer id -> (VerifyRecord, KDAStateView), written by each KDA layer's verify, consumed by commit_verify
-        self.kda_records: dict = {}
 
     def filter_batch(self, new_indices, new_indices_cpu=None):  # a verify input never outlives its step
         raise RuntimeError("K3VerifyInput is per step; the draft state between steps is the scheduler's spec_info")

@@ -2,11 +2,12 @@
 
 Registration runs in every SGLang process (SGLang calls `load_plugins()` in the launcher, each scheduler and the
 detokenizer), so `--speculative-algorithm K3_CSV` resolves everywhere through SGLang's own registry
-(`SpeculativeAlgorithm.register`); no SGLang file is edited. On our CPU platform one more hook is installed:
-`mem_cache.allocation.assign_req_to_token_pool_func`, which every speculative decode step calls to write the
-reserved KV slots into req_to_token, launches a Triton kernel unless SGLang's own Xeon engine is on; the
-replacement is the same gather/scatter in torch. The pipeline hooks of spec/pp_hooks.py (K3_CSV inside one
-`--pp-size N` server) are installed there too; they are inert for every other algorithm.
+(`SpeculativeAlgorithm.register`); no SGLang file is edited. On our CPU platform (either K3 model) two more hooks
+carry SGLang's speculative path, which is Triton-only outside SGLang's Xeon engine: the req_to_token writer every
+speculative decode step calls (`mem_cache.allocation.assign_req_to_token_pool_func`, replaced by the same
+gather/scatter in torch) and the scatter of SGLang's commit after verification (spec/contract.py). The pipeline
+hooks of spec/pp_hooks.py (K3_CSV inside one `--pp-size N` server) are installed there too; every hook is inert
+for every other algorithm or device.
 """
 from __future__ import annotations
 
@@ -39,9 +40,18 @@ def _factory(server_args):
     return K3SpecWorker
 
 
+def installed_hooks():
+    """(target, hook, hook type name) of every hook `register` installs on the k3_cpu platform."""
+    from k3_sglang.spec import contract, pp_hooks
+
+    return [(ASSIGN_TARGET, assign_req_to_token_pool_torch, "REPLACE"),
+            (contract.SCATTER_TARGET, contract.scatter_after_verify, "AROUND"),
+            *pp_hooks.installed_hooks()]
+
+
 def register() -> None:
-    """Entry point: register K3_CSV once per process (a second call is a no-op) and, on our CPU platform with the
-    portable model, the torch req_to_token writer and the pipeline hooks."""
+    """Entry point: register K3_CSV once per process (a second call is a no-op) and, on our CPU platform (either K3
+    model), the hooks of `installed_hooks`."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
@@ -50,13 +60,10 @@ def register() -> None:
     if get_spec(ALGORITHM) is None:
         SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, validate_server_args=validate_server_args,
                                       spec_class=K3SpecAlgo)(_factory)
-    from k3_sglang.platform_hooks import active
+    from k3_sglang.platform_hooks import on_k3_cpu
 
-    if active():
+    if on_k3_cpu():
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-        from k3_sglang.spec import pp_hooks
-
-        HookRegistry.register(ASSIGN_TARGET, assign_req_to_token_pool_torch, HookType.REPLACE)
-        for target, hook, kind in pp_hooks.installed_hooks():
+        for target, hook, kind in installed_hooks():
             HookRegistry.register(target, hook, HookType[kind])

@@ -14,12 +14,15 @@ it (`eagle_prepare_for_verify` + the plain TP worker); the last stage's results 
 2. A verify round's plan rides the PP proxy dict to the next stage (spec/pp_plan.py; a round without one is a plain
    decode). A middle stage runs the plan it received and passes it on; the last stage's K3SpecWorker runs it,
    accepts greedily and commits its own KDA layers.
-3. When the relayed accept lens come back, each earlier stage replays its KDA records up to them (the worker's
-   commit) and the first stage's drafter observes them (online calibration). A plain decode round advanced KDA in
-   place and leaves nothing to commit. MLA needs no commit: accepted rows already sit in their final KV slots.
+3. When the relayed results come back, each earlier stage commits its own KDA layers through SGLang's relay
+   (`_pp_spec_commit_relayed_accept` -> SGLang's commit after acceptance, from the relayed chain accept index: the
+   worker's commit, spec/contract.py; the per-draft scratch rows are the requests' req-pool rows under
+   SGLANG_ENABLE_PP_SPEC, so another microbatch's verify in between does not touch them), and the first stage's
+   drafter observes the accept lens (online calibration). A plain decode round advanced KDA in place and carries no
+   accept index. MLA needs no commit: accepted rows already sit in their final KV slots.
 
-The relay's results carry three per-request speculative tensors, each its own message per hop; a K3_CSV
-pipeline packs them into one (spec/pp_plan.py) and unpacks them before SGLang reads them.
+The relay's results carry per-request speculative tensors, each its own message per hop; a K3_CSV pipeline packs
+them into one (spec/pp_plan.py) and unpacks them before SGLang reads them.
 
 SGLang's relay also makes an earlier stage wait for the next microbatch's results before it launches the current
 one on a verify round (EAGLE's tree rebuild needs that order); that serialises the stages, so a K3_CSV pipeline
@@ -34,7 +37,7 @@ Hooks (each delegates to SGLang's original for any other algorithm; `installed_h
   plan added to the proxy it sends on.
 - SchedulerPPMixin._pp_spec_rebuild_verify_input (AROUND): nothing to rebuild for K3_CSV.
 - speculative.eagle_utils.eagle_prepare_for_verify (AROUND): steps 1-2 on an earlier stage.
-- SchedulerPPMixin._pp_spec_commit_relayed_accept (AROUND): step 3.
+- SchedulerPPMixin._pp_spec_commit_relayed_accept (AROUND): SGLang's commit, then the drafter's observation (3).
 """
 from __future__ import annotations
 
@@ -101,17 +104,16 @@ class _Launch:
 
 @dataclass
 class _Pending:
-    """A chain verify this (earlier) stage ran and has not committed yet: the relay brings its accept lens."""
+    """A chain verify the first stage planned and ran whose accept lens have not come back yet (for its drafter)."""
     rids: tuple[str, ...]
     reqs: list
     lens: list[int]
-    spec: object  # K3VerifyInput, holding this stage's KDA records
 
 
 @dataclass
 class _StageState:
     launch: _Launch | None = None
-    pending: dict[int, _Pending] = field(default_factory=dict)  # microbatch id -> its uncommitted verify
+    pending: dict[int, _Pending] = field(default_factory=dict)  # microbatch id -> its verify awaiting results
     policy: object | None = None  # the first stage's StepPolicy
 
 
@@ -145,7 +147,7 @@ def launch_batch(original, scheduler, mb_id, cur_batch, pp_proxy_tensors, *args,
     if not is_k3_csv(scheduler.spec_algorithm):
         return original(scheduler, mb_id, cur_batch, pp_proxy_tensors, *args, **kwargs)
     if _STATE.pending.pop(mb_id, None) is not None:  # its relay is always processed before the next launch
-        logger.warning("K3_CSV: microbatch %d relaunched before its verify was committed; record dropped", mb_id)
+        logger.warning("K3_CSV: microbatch %d relaunched before its verify results came back", mb_id)
     launch = _STATE.launch = _Launch(int(mb_id), pp_proxy_tensors)
     try:
         result, event = original(scheduler, mb_id, cur_batch, pp_proxy_tensors, *args, **kwargs)
@@ -160,14 +162,14 @@ def launch_batch(original, scheduler, mb_id, cur_batch, pp_proxy_tensors, *args,
 def pack_results(original, scheduler, result, batch, *args, **kwargs):
     """AROUND _pp_prepare_tensor_dict(result, batch) on the last stage: the speculative results as one tensor."""
     tensors = original(scheduler, result, batch, *args, **kwargs)
-    return pack_accept(tensors) if is_k3_csv(scheduler.spec_algorithm) else tensors
+    return pack_accept(tensors, _width()) if is_k3_csv(scheduler.spec_algorithm) else tensors
 
 
 def unpack_results(original, scheduler, batch, mb_metadata, pp_outputs, *args, **kwargs):
     """AROUND _pp_prep_batch_result(batch, mb_metadata, pp_outputs): SGLang reads the unpacked entries from a copy;
     the dict this stage forwards around the ring stays packed."""
     if is_k3_csv(scheduler.spec_algorithm):
-        tensors = unpack_accept(pp_outputs.tensors, batch.seq_lens.dtype)
+        tensors = unpack_accept(pp_outputs.tensors, batch.seq_lens.dtype, _width())
         if tensors is not None:
             pp_outputs = type(pp_outputs)(tensors)
     return original(scheduler, batch, mb_metadata, pp_outputs, *args, **kwargs)
@@ -178,6 +180,12 @@ def rebuild_verify_input(original, scheduler, batch, *args, **kwargs):
     if is_k3_csv(batch.spec_algorithm):
         return None
     return original(scheduler, batch, *args, **kwargs)
+
+
+def _width() -> int:
+    from sglang.srt.runtime_context import get_spec
+
+    return int(get_spec().speculative_num_draft_tokens)
 
 
 def _first_stage_policy(target_worker):
@@ -216,30 +224,31 @@ def prepare_for_verify(original, verify_input, req_to_token_pool, batch, target_
         to_plain_decode(batch, req_to_token, batch.device)
     else:
         launch.wire_out = plan_to_wire(lens, drafts, width - 1)
-        spec = to_verify(batch, req_to_token, lens, drafts, width, batch.device)
-        _STATE.pending[launch.mb_id] = _Pending(tuple(r.rid for r in batch.reqs), list(batch.reqs), list(lens), spec)
+        to_verify(batch, req_to_token, lens, drafts, width, batch.device)
+        if _STATE.policy is not None:  # the first stage: its drafter observes the relayed accept lens
+            _STATE.pending[launch.mb_id] = _Pending(tuple(r.rid for r in batch.reqs), list(batch.reqs), list(lens))
     return ForwardBatch.init_new(batch, target_worker.model_runner, return_hidden_states_before_norm=False), False
 
 
 def commit_relayed_accept(original, scheduler, batch, fwd_batch, fwd_rids, live_rids, verify_out_cache_loc,
                           pp_outputs, *args, **kwargs):
-    """AROUND _pp_spec_commit_relayed_accept: commit this stage's KDA layers up to the relayed accept lens."""
+    """AROUND _pp_spec_commit_relayed_accept: SGLang commits this stage's KDA layers from the relayed accept index
+    (a verify round; a plain decode round carries none); then the first stage's drafter observes the accept lens."""
+    result = original(scheduler, batch, fwd_batch, fwd_rids, live_rids, verify_out_cache_loc, pp_outputs,
+                      *args, **kwargs)
     if not is_k3_csv(scheduler.spec_algorithm):
-        return original(scheduler, batch, fwd_batch, fwd_rids, live_rids, verify_out_cache_loc, pp_outputs,
-                        *args, **kwargs)
+        return result
     key = tuple(fwd_rids)
     mb_id = next((m for m, p in _STATE.pending.items() if p.rids == key), None)
     if mb_id is None:
-        return None  # the last stage (its worker committed), or a plain decode round (KDA advanced in place)
+        return result  # not the first stage, or a plain decode round
     pending = _STATE.pending.pop(mb_id)
     commit_lens = pp_outputs["spec_accept_lens"].to(device="cpu", dtype=torch.int64)
     if tuple(commit_lens.shape) != (len(pending.lens),):
         raise RuntimeError(f"K3_CSV: relayed accept lens {tuple(commit_lens.shape)} for a verify of "
                            f"{len(pending.lens)} requests")
-    scheduler.tp_worker.model_runner.model.commit_verify(pending.spec, commit_lens)
-    if _STATE.policy is not None:
-        _STATE.policy.observe(pending.reqs, pending.lens, [int(c) for c in commit_lens.tolist()])
-    return None
+    _STATE.policy.observe(pending.reqs, pending.lens, [int(c) for c in commit_lens.tolist()])
+    return result
 
 
 def installed_hooks():

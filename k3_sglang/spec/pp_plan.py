@@ -11,11 +11,13 @@ message on the wire):
 A decode round that carries no plan is a plain decode on every stage (one token per request), so the rounds a
 settled planner decodes plainly cost the wire nothing extra.
 
-The results travel back around the ring as SGLang's output dict; its three per-request speculative entries
-(`spec_accept_lens`, `spec_new_seq_lens`, `spec_bonus_tokens`) are packed into one tensor for the trip and
-unpacked before SGLang reads them:
+The results travel back around the ring as SGLang's output dict; its per-request speculative entries
+(`spec_accept_lens`, `spec_new_seq_lens`, `spec_bonus_tokens`, and on a verify round `spec_accept_index`, from which
+every earlier stage runs SGLang's commit after acceptance) are packed into one tensor for the trip and unpacked
+before SGLang reads them:
 
-    k3_csv_accept [3, B] int64: accept lens, new (committed) seq lens, bonus tokens
+    k3_csv_accept [4, B] int64: accept lens, new (committed) seq lens, bonus tokens, 1 where the round verified
+    (its accept index is a chain's, rebuilt from the accept lens: spec/contract.py chain_accept_index)
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch
 PLAN_KEY = "k3_csv_verify_plan"
 ACCEPT_KEY = "k3_csv_accept"
 ACCEPT_ENTRIES = ("spec_accept_lens", "spec_new_seq_lens", "spec_bonus_tokens")
+ACCEPT_INDEX = "spec_accept_index"
 
 
 def plan_to_wire(lens: list[int], drafts: list[list[int]], gamma: int) -> dict[str, torch.Tensor]:
@@ -68,28 +71,40 @@ def plan_from_wire(tensors: Mapping, batch_size: int) -> tuple[list[int], list[l
     return lens, [[int(t) for t in row[1:n]] for row, n in zip(rows, lens)]
 
 
-def pack_accept(tensors: dict) -> dict:
-    """SGLang's output dict -> the same dict with its three speculative entries ([B] each) as one ACCEPT_KEY
-    [3, B] int64 (a dict without them is returned unchanged)."""
+def pack_accept(tensors: dict, width: int) -> dict:
+    """SGLang's output dict -> the same dict with its speculative entries ([B] each, and a verify round's chain
+    accept index [B, width]) as one ACCEPT_KEY [4, B] int64 (a dict without them is returned unchanged)."""
     if not all(k in tensors for k in ACCEPT_ENTRIES):
         return tensors
     rows = [tensors[k].reshape(-1).to(torch.int64) for k in ACCEPT_ENTRIES]
     if len({r.shape[0] for r in rows}) != 1:
         raise ValueError(f"speculative results of different lengths: {[r.shape[0] for r in rows]}")
-    packed = {k: v for k, v in tensors.items() if k not in ACCEPT_ENTRIES}
-    packed[ACCEPT_KEY] = torch.stack(rows).contiguous()
+    verified = ACCEPT_INDEX in tensors
+    if verified:
+        from k3_sglang.spec.contract import chain_accept_index
+
+        index = tensors[ACCEPT_INDEX].to(torch.int64)
+        if not torch.equal(index.cpu(), chain_accept_index(rows[0].cpu(), width)):
+            raise ValueError(f"{ACCEPT_INDEX} {tuple(index.shape)} is not the chain of the accept lens (width {width})")
+    packed = {k: v for k, v in tensors.items() if k not in ACCEPT_ENTRIES and k != ACCEPT_INDEX}
+    packed[ACCEPT_KEY] = torch.stack(rows + [torch.full_like(rows[0], int(verified))]).contiguous()
     return packed
 
 
-def unpack_accept(tensors: Mapping, seq_lens_dtype: torch.dtype) -> dict | None:
+def unpack_accept(tensors: Mapping, seq_lens_dtype: torch.dtype, width: int) -> dict | None:
     """The dict SGLang reads (accept lens int32 as its workers return them, seq lens in the batch's dtype, bonus
-    tokens int64) from a packed one, or None when it carries no ACCEPT_KEY."""
+    tokens int64, a verify round's accept index [B, width] int64) from a packed one, or None when it carries no
+    ACCEPT_KEY."""
     if ACCEPT_KEY not in tensors:
         return None
     packed = tensors[ACCEPT_KEY]
-    if packed.dim() != 2 or packed.shape[0] != 3:
-        raise ValueError(f"{ACCEPT_KEY} must be [3, B], got {tuple(packed.shape)}")
+    if packed.dim() != 2 or packed.shape[0] != 4:
+        raise ValueError(f"{ACCEPT_KEY} must be [4, B], got {tuple(packed.shape)}")
     out = {k: v for k, v in tensors.items() if k != ACCEPT_KEY}
     out.update(spec_accept_lens=packed[0].to(torch.int32), spec_new_seq_lens=packed[1].to(seq_lens_dtype),
                spec_bonus_tokens=packed[2].clone())
+    if packed.shape[1] and bool(packed[3].all()):
+        from k3_sglang.spec.contract import chain_accept_index
+
+        out[ACCEPT_INDEX] = chain_accept_index(packed[0], width)
     return out

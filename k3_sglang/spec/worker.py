@@ -7,10 +7,11 @@
 3. All lengths 1: a plain decode forward (the root at the committed position; KDA advances in place).
 4. Otherwise one TARGET_VERIFY forward over the packed chains (spec/info.py): MLA attends them as an extend over
    the committed prefix and writes their KV rows into the slots SGLang reserved; KDA runs them without touching
-   its pool and keeps a per-token record. Greedy acceptance (spec/accept.py) gives commit_len = accepted + 1 per
-   request, `commit_verify` replays the KDA record up to it, and the accepted drafts plus the bonus token go back
-   to the scheduler (stride = chain width). Rejected rows' KV slots stay reserved past the committed length and
-   are overwritten by the next step.
+   its pool and leaves the state after every token in SGLang's per-draft scratch. Greedy acceptance
+   (spec/accept.py) gives commit_len = accepted + 1 per request, SGLang's commit after acceptance copies that step
+   into the KDA pools (spec/contract.py: the same two calls for SGLang's K3 and the portable model), and the
+   accepted drafts plus the bonus token go back to the scheduler (stride = chain width). Rejected rows' KV slots
+   stay reserved past the committed length and are overwritten by the next step.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from k3_sglang.spec.accept import accept_greedy
 from k3_sglang.spec.batch_prep import to_plain_decode, to_verify
+from k3_sglang.spec.contract import check_loaded_model, commit_after_verify
 from k3_sglang.spec.info import draft_state, one_token_draft_state
 from k3_sglang.spec.policy import StepPolicy
 from k3_sglang.spec.pp_plan import plain_plan, plan_from_wire
@@ -43,6 +45,7 @@ class K3SpecWorker(BaseSpecWorker):
         self._target_worker = target_worker
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
+        check_loaded_model(self.model_runner.model_config)  # a hub id escaped the start-up refusal
         self.device = get_device().device
         self.width = int(get_spec().speculative_num_draft_tokens)
         self.speculative_num_draft_tokens = self.width
@@ -133,18 +136,18 @@ class K3SpecWorker(BaseSpecWorker):
             raise RuntimeError(f"K3_CSV verify: {logits.shape[0]} logit rows for {spec.layout.num_tokens} verified "
                                "tokens")
         commit_lens, outs = accept_greedy(torch.argmax(logits, -1), ids, lens)
-        self.model_runner.model.commit_verify(spec, torch.tensor(commit_lens, dtype=torch.int64))
+        accept_lens = torch.tensor(commit_lens, dtype=torch.int32, device=self.device)
+        accept_index = commit_after_verify(self._target_worker, batch, accept_lens, self.width)
         self.policy.observe(batch.reqs, lens, commit_lens)
         next_ids = torch.zeros(bs, self.width, dtype=torch.int32)
         for i, out in enumerate(outs):
             next_ids[i, : len(out)] = torch.tensor(out, dtype=torch.int32)
         bonus = torch.tensor([out[-1] for out in outs], dtype=torch.int64, device=self.device)
         next_ids = next_ids.flatten().to(self.device)
-        accept_lens = torch.tensor(commit_lens, dtype=torch.int32, device=self.device)
         new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.dtype)
         state = draft_state(self.width, new_seq_lens, next_ids, accept_lens, bonus)
         result = GenerationBatchResult(
             logits_output=res.logits_output, next_token_ids=next_ids, can_run_cuda_graph=False,
             accept_lens=accept_lens, new_seq_lens=new_seq_lens, next_draft_input=state,
-            speculative_num_draft_tokens=self.width)
+            speculative_num_draft_tokens=self.width, accept_index=accept_index)
         return result, sum(commit_lens) - bs

@@ -1,6 +1,6 @@
 """KDA (Kimi Delta Attention) family: references in `naive`, pooled torch ops in `naive_decode`, Triton kernels in
-`fused_recurrent` (decode / verify / commit) and `chunk` (varlen prefill). Triton modules are not imported here."""
-from k3_sglang.kernels.kda.decode_common import KDAOptions, KDAWeights, VerifyRecord
+`fused_recurrent` (decode / verify) and `chunk` (varlen prefill). Triton modules are not imported here."""
+from k3_sglang.kernels.kda.decode_common import KDAOptions, KDAWeights, VerifyScratch
 from k3_sglang.kernels.kda.naive import (
     chunk_kda,
     gated_rms_norm,
@@ -14,7 +14,7 @@ from k3_sglang.kernels.kda.naive import (
 __all__ = [
     "KDAOptions",
     "KDAWeights",
-    "VerifyRecord",
+    "VerifyScratch",
     "chunk_kda",
     "gated_rms_norm",
     "kda_gate",

@@ -1,4 +1,4 @@
-"""Shared contract of the pooled KDA decode / verify / commit ops (torch path and Triton path).
+"""Shared contract of the pooled KDA decode and speculative verify ops (torch path and Triton path).
 
 Layouts (B requests, n tokens per request, H heads, K key dim, V value dim, W conv width, S pool slots):
   mixed_qkv [B, n, D] pre-conv projected rows, D = 2*H*K + H*V, channels ordered [q (H*K) | k (H*K) | v (H*V)]
@@ -36,17 +36,18 @@ class KDAOptions:
 
 
 @dataclass(frozen=True)
-class VerifyRecord:
-    """What a verify pass keeps so that an accepted prefix can be committed without per-token state copies.
+class VerifyScratch:
+    """Where a verify leaves each request's state after every verified token (SGLang's speculative scratch, the
+    mamba pool's `intermediate_ssm` / `intermediate_conv_window` of one layer): request b's state after token t goes
+    to state[rows[b], t] [H, K, V] (fp32) and its conv window (the last W-1 pre-conv rows, oldest first) to
+    conv[rows[b], t] [W-1, D]. SGLang's commit after acceptance copies the accepted step of each into the pools.
 
-    k [B, n, H, K] normalised keys, delta [B, n, H, V] = beta * (v - S'^T k), g [B, n, H, K] log-decays (all fp32),
-    mixed_qkv [B, n, D] the verified pre-conv rows (for the conv window). Commit replays S <- exp(g) S + k delta^T.
+    state [R, N, H, K, V], conv [R, N, W-1, D] (N >= n tokens per request), rows [B] int (padding requests: any).
     """
 
-    k: torch.Tensor
-    delta: torch.Tensor
-    g: torch.Tensor
-    mixed_qkv: torch.Tensor
+    state: torch.Tensor
+    conv: torch.Tensor
+    rows: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -97,15 +98,34 @@ def check_decode_args(name, mixed_qkv, f, b, g_out, weights, conv_pool, state_po
     return dims
 
 
-def check_commit_args(name, record: VerifyRecord, conv_pool, state_pool, state_indices, num_accepted) -> None:
-    B, n = record.k.shape[:2]
-    if tuple(num_accepted.shape) != (B,) or tuple(state_indices.shape) != (B,):
-        raise ValueError(f"{name}: num_accepted {tuple(num_accepted.shape)} and state_indices {tuple(state_indices.shape)} must be [B] = [{B}]")
-    if tuple(state_pool.shape[1:]) != tuple(record.k.shape[2:]) + (record.delta.shape[-1],):
-        raise ValueError(f"{name}: state_pool {tuple(state_pool.shape)} does not match record k {tuple(record.k.shape)}")
-    if conv_pool.shape[-1] != record.mixed_qkv.shape[-1]:
-        raise ValueError(f"{name}: conv_pool {tuple(conv_pool.shape)} does not match mixed_qkv {tuple(record.mixed_qkv.shape)}")
+def check_scratch(name, scratch: VerifyScratch, dims: KDADims, conv_pool, state_pool) -> None:
+    """Validate a verify's scratch against the batch (ValueError naming the offending tensor)."""
+    st, cv, rows = scratch.state, scratch.conv, scratch.rows
+    if st.dim() != 5 or tuple(st.shape[2:]) != tuple(state_pool.shape[1:]) or st.shape[1] < dims.n:
+        raise ValueError(f"{name}: scratch state {tuple(st.shape)} must be [R, N >= {dims.n}, "
+                         f"{', '.join(map(str, state_pool.shape[1:]))}]")
+    if cv.dim() != 4 or tuple(cv.shape[2:]) != tuple(conv_pool.shape[1:]) or cv.shape[:2] != st.shape[:2]:
+        raise ValueError(f"{name}: scratch conv {tuple(cv.shape)} must be [R, N, "
+                         f"{', '.join(map(str, conv_pool.shape[1:]))}] beside state {tuple(st.shape)}")
+    if cv.dtype != conv_pool.dtype or st.dtype != state_pool.dtype:
+        raise ValueError(f"{name}: scratch dtypes {cv.dtype}/{st.dtype} must match the pools' "
+                         f"{conv_pool.dtype}/{state_pool.dtype}")
+    if tuple(rows.shape) != (dims.B,) or rows.is_floating_point():
+        raise ValueError(f"{name}: scratch rows {tuple(rows.shape)} must be integer [B] = [{dims.B}]")
 
 
 def resolve_scale(opts: KDAOptions, K: int) -> float:
     return K ** -0.5 if opts.scale is None else opts.scale
+
+
+def chain_layout(query_start_loc: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed chains (request b owns rows qsl[b]:qsl[b+1] of num_tokens, lengths equal or ragged) ->
+    (dense index [B, L] int64: the packed row of token t of request b, num_tokens where t is past its chain, L the
+    longest chain; packed index [T] int64: each packed row's cell in a flattened [B, L]), on qsl's device."""
+    starts = query_start_loc.long().cpu()
+    lens = starts[1:] - starts[:-1]
+    L = int(lens.max()) if lens.numel() else 0
+    steps = torch.arange(L)[None, :]
+    valid = steps < lens[:, None]
+    index = torch.where(valid, starts[:-1, None] + steps, torch.full_like(steps, num_tokens))
+    return index.to(query_start_loc.device), valid.flatten().nonzero().flatten().to(query_start_loc.device)

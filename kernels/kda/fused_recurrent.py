@@ -1,9 +1,10 @@
-"""Triton: fused KDA recurrent decode / speculative verify / commit, one launch per layer.
+"""Triton: fused KDA recurrent decode / speculative verify, one launch per layer.
 
 Per (request, head) program: short conv + SiLU on the q, k, v channels (window read from the conv pool), L2 norm of
 q and k, K3's lower-bound decay gate from the raw gate, sigmoid beta, the gated delta rule on the fp32 state (read
 from the state pool by slot), gated RMS output norm. Decode writes state and window back in place; verify leaves the
-pools untouched and records (k, delta, g) per token so that commit can replay an accepted prefix exactly.
+pools untouched and writes the state and window after every token to SGLang's per-draft scratch (VerifyScratch),
+from which SGLang's commit after acceptance copies the accepted step.
 Layouts: see decode_common.py. The whole [K, V] state tile of a head lives in registers (K = V = 128 for K3).
 """
 from __future__ import annotations
@@ -15,9 +16,9 @@ import triton.language as tl
 from k3_sglang.kernels.kda.decode_common import (
     KDAOptions,
     KDAWeights,
-    VerifyRecord,
-    check_commit_args,
+    VerifyScratch,
     check_decode_args,
+    check_scratch,
     resolve_scale,
 )
 
@@ -59,12 +60,21 @@ def _shift_window(x_ptr, row0, n_tokens, win_ptr, n_keep, ch, mch, rr, mr, D: tl
              mask=(mr & valid)[:, None] & mch[None, :])
 
 
+@triton.jit
+def _store_window(x_ptr, row0, n_tokens, win_ptr, n_keep, dst_ptr, ch, mch, rr, mr, D: tl.constexpr, W: tl.constexpr,
+                  valid):
+    """dst [W-1, D] <- rows n_keep .. n_keep+W-2 of concat(window, x) on channels ch (the pool window unchanged)."""
+    tile = _window_tile(x_ptr, row0, n_tokens, win_ptr, n_keep, ch, mch, rr, mr, D, W, valid, valid)
+    tl.store(dst_ptr + rr[:, None] * D + ch[None, :], tile.to(dst_ptr.dtype.element_ty),
+             mask=(mr & valid)[:, None] & mch[None, :])
+
+
 @triton.jit(do_not_specialize=["n_tokens"])
 def kda_recurrent_fwd_kernel(
     x_ptr, f_ptr, b_ptr, gate_ptr, conv_w_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, conv_pool_ptr, state_pool_ptr,
-    slot_ptr, o_ptr, rec_k_ptr, rec_d_ptr, rec_g_ptr, n_tokens, scale, lower_bound, norm_eps, l2_eps,
+    slot_ptr, o_ptr, scr_s_ptr, scr_c_ptr, scr_row_ptr, scr_n, n_tokens, scale, lower_bound, norm_eps, l2_eps,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr, WRITE_BACK: tl.constexpr, RECORD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr, WRITE_BACK: tl.constexpr, SCRATCH: tl.constexpr,
 ):
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     D: tl.constexpr = 2 * H * K + H * V
@@ -82,6 +92,7 @@ def kda_recurrent_fwd_kernel(
     dt_b = tl.load(dt_bias_ptr + i_h * K + kk, mask=mk, other=0.0).to(tl.float32)
     w_norm = tl.load(norm_w_ptr + vv, mask=mv, other=0.0).to(tl.float32)
     row0 = i_b * n_tokens
+    scr_row = tl.load(scr_row_ptr + i_b).to(tl.int64)  # (decode: a slot index, unused)
     for t in range(n_tokens):
         q = _conv_silu(x_ptr, row0, n_tokens, win_ptr, t, conv_w_ptr, ch_q, mk, rr, mr, D, W, valid, valid)
         k = _conv_silu(x_ptr, row0, n_tokens, win_ptr, t, conv_w_ptr, ch_k, mk, rr, mr, D, W, valid, valid)
@@ -100,10 +111,13 @@ def kda_recurrent_fwd_kernel(
         y = o * tl.rsqrt(tl.sum(o * o, 0) / V + norm_eps) * w_norm * tl.sigmoid(gate)
         y = tl.where(valid, y, 0.0)
         tl.store(o_ptr + tok * H * V + i_h * V + vv, y.to(o_ptr.dtype.element_ty), mask=mv)
-        if RECORD:
-            tl.store(rec_k_ptr + (tok * H + i_h) * K + kk, tl.where(valid, k, 0.0), mask=mk)
-            tl.store(rec_g_ptr + (tok * H + i_h) * K + kk, tl.where(valid, g, 0.0), mask=mk)
-            tl.store(rec_d_ptr + (tok * H + i_h) * V + vv, tl.where(valid, delta, 0.0), mask=mv)
+        if SCRATCH:  # the state and conv window after token t, at scratch row scr_row, step t
+            step = scr_row * scr_n + t
+            tl.store(scr_s_ptr + step * H * K * V + i_h * K * V + kk[:, None] * V + vv[None, :], S, mask=m_s & valid)
+            c_ptr = scr_c_ptr + step * (W - 1) * D
+            _store_window(x_ptr, row0, n_tokens, win_ptr, t + 1, c_ptr, ch_q, mk, rr, mr, D, W, valid)
+            _store_window(x_ptr, row0, n_tokens, win_ptr, t + 1, c_ptr, ch_k, mk, rr, mr, D, W, valid)
+            _store_window(x_ptr, row0, n_tokens, win_ptr, t + 1, c_ptr, ch_v, mv, rr, mr, D, W, valid)
     if WRITE_BACK:
         tl.store(s_ptrs, S, mask=m_s & valid)
         _shift_window(x_ptr, row0, n_tokens, win_ptr, n_tokens, ch_q, mk, rr, mr, D, W, valid, valid)
@@ -111,39 +125,8 @@ def kda_recurrent_fwd_kernel(
         _shift_window(x_ptr, row0, n_tokens, win_ptr, n_tokens, ch_v, mv, rr, mr, D, W, valid, valid)
 
 
-@triton.jit(do_not_specialize=["n_tokens"])
-def kda_commit_fwd_kernel(
-    x_ptr, conv_pool_ptr, state_pool_ptr, slot_ptr, acc_ptr, rec_k_ptr, rec_d_ptr, rec_g_ptr, n_tokens,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr,
-):
-    i_b, i_h = tl.program_id(0), tl.program_id(1)
-    D: tl.constexpr = 2 * H * K + H * V
-    slot = tl.load(slot_ptr + i_b).to(tl.int64)
-    n_acc = tl.minimum(tl.load(acc_ptr + i_b).to(tl.int32), n_tokens)
-    valid = (slot >= 0) & (n_acc > 0)
-    slot = tl.maximum(slot, 0)
-    kk, vv, rr = tl.arange(0, BK), tl.arange(0, BV), tl.arange(0, BW)
-    mk, mv, mr = kk < K, vv < V, rr < W - 1
-    s_ptrs = state_pool_ptr + slot * H * K * V + i_h * K * V + kk[:, None] * V + vv[None, :]
-    m_s = mk[:, None] & mv[None, :]
-    S = tl.load(s_ptrs, mask=m_s & valid, other=0.0)
-    row0 = i_b * n_tokens
-    for t in range(n_acc):
-        tok = row0 + t
-        g = tl.load(rec_g_ptr + (tok * H + i_h) * K + kk, mask=mk, other=0.0)
-        k = tl.load(rec_k_ptr + (tok * H + i_h) * K + kk, mask=mk, other=0.0)
-        delta = tl.load(rec_d_ptr + (tok * H + i_h) * V + vv, mask=mv, other=0.0)
-        S = S * tl.exp(g)[:, None]
-        S = S + k[:, None] * delta[None, :]
-    tl.store(s_ptrs, S, mask=m_s & valid)
-    win_ptr = conv_pool_ptr + slot * (W - 1) * D
-    _shift_window(x_ptr, row0, n_tokens, win_ptr, n_acc, i_h * K + kk, mk, rr, mr, D, W, valid, valid)
-    _shift_window(x_ptr, row0, n_tokens, win_ptr, n_acc, H * K + i_h * K + kk, mk, rr, mr, D, W, valid, valid)
-    _shift_window(x_ptr, row0, n_tokens, win_ptr, n_acc, 2 * H * K + i_h * V + vv, mv, rr, mr, D, W, valid, valid)
-
-
-def _launch_recurrent(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, opts, write_back):
+def _launch_recurrent(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, opts,
+                      scratch: VerifyScratch | None):
     dims = check_decode_args("kda_fused_recurrent", mixed_qkv, f, b, g_out, weights, conv_pool, state_pool,
                              state_indices)
     tensors = (mixed_qkv, f, b, g_out, weights.conv_weight, weights.dt_bias, weights.o_norm, conv_pool, state_pool)
@@ -152,16 +135,20 @@ def _launch_recurrent(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, st
         raise ValueError(f"kda_fused_recurrent: state_pool {tuple(state_pool.shape)} must be float32, got {state_pool.dtype}")
     B, n, H, K, V, W = dims.B, dims.n, dims.H, dims.K, dims.V, dims.W
     o = torch.empty(B, n, H * V, dtype=mixed_qkv.dtype, device=mixed_qkv.device)
-    rec = [torch.empty(B, n, H, d, dtype=torch.float32, device=mixed_qkv.device) if not write_back else o
-           for d in (K, V, K)]
+    if scratch is not None:
+        check_scratch("kda_fused_verify", scratch, dims, conv_pool, state_pool)
+        assert scratch.state.is_contiguous() and scratch.conv.is_contiguous(), "kda_fused_verify: contiguous scratch"
+        scr = (scratch.state, scratch.conv, scratch.rows, scratch.state.shape[1])
+    else:
+        scr = (o, o, state_indices, 0)
     kda_recurrent_fwd_kernel[(B, H)](
         mixed_qkv, f, b, g_out, weights.conv_weight, weights.A_log, weights.dt_bias, weights.o_norm, conv_pool,
-        state_pool, state_indices, o, rec[0], rec[1], rec[2], n, resolve_scale(opts, K), opts.lower_bound,
+        state_pool, state_indices, o, *scr, n, resolve_scale(opts, K), opts.lower_bound,
         opts.norm_eps, opts.l2_eps, H=H, K=K, V=V, W=W, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V),
-        BW=triton.next_power_of_2(W - 1), WRITE_BACK=write_back, RECORD=not write_back,
+        BW=triton.next_power_of_2(W - 1), WRITE_BACK=scratch is None, SCRATCH=scratch is not None,
         num_warps=8 if K * V >= 64 * 64 else 4,
     )
-    return o, (None if write_back else VerifyRecord(rec[0], rec[1], rec[2], mixed_qkv))
+    return o
 
 
 def kda_fused_decode(mixed_qkv, f, b, g_out, weights: KDAWeights, conv_pool, state_pool, state_indices,
@@ -172,28 +159,13 @@ def kda_fused_decode(mixed_qkv, f, b, g_out, weights: KDAWeights, conv_pool, sta
     state_pool [S, H, K, V] fp32, state_indices [B] (negative = skip). n tokens per request run in order (n = 1 is
     plain decode). Returns o [B, n, H*V] in mixed_qkv.dtype.
     """
-    return _launch_recurrent(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, opts, True)[0]
+    return _launch_recurrent(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, opts, None)
 
 
 def kda_fused_verify(mixed_qkv, f, b, g_out, weights: KDAWeights, conv_pool, state_pool, state_indices,
-                     opts: KDAOptions = KDAOptions()) -> tuple[torch.Tensor, VerifyRecord]:
-    """Speculative verify of n draft tokens per request: same inputs as kda_fused_decode, pools untouched.
-
-    Returns (o [B, n, H*V], record) where record holds k, delta [B, n, H, K|V] and g fp32 for kda_fused_commit.
+                     scratch: VerifyScratch, opts: KDAOptions = KDAOptions()) -> torch.Tensor:
+    """Speculative verify of n draft tokens per request: same inputs as kda_fused_decode, pools untouched; the state
+    and conv window after token t of request b go to scratch.state / scratch.conv [scratch.rows[b], t] (contiguous
+    [R, N, H, K, V] fp32 / [R, N, W-1, D]). Returns o [B, n, H*V].
     """
-    return _launch_recurrent(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, opts, False)
-
-
-def kda_fused_commit(record: VerifyRecord, conv_pool, state_pool, state_indices, num_accepted) -> None:
-    """Commit the first num_accepted[b] (0..n) verified tokens into state and conv window, in place.
-
-    The result equals, bit for bit, running kda_fused_decode on those tokens from the pre-verify pools.
-    """
-    check_commit_args("kda_fused_commit", record, conv_pool, state_pool, state_indices, num_accepted)
-    B, n, H, K = record.k.shape
-    V, W = record.delta.shape[-1], conv_pool.shape[1] + 1
-    kda_commit_fwd_kernel[(B, H)](
-        record.mixed_qkv, conv_pool, state_pool, state_indices, num_accepted, record.k, record.delta, record.g, n,
-        H=H, K=K, V=V, W=W, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V),
-        BW=triton.next_power_of_2(W - 1), num_warps=8 if K * V >= 64 * 64 else 4,
-    )
+    return _launch_recurrent(mixed_qkv, f, b, g_out, weights, conv_pool, state_pool, state_indices, opts, scratch)

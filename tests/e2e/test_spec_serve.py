@@ -7,8 +7,10 @@ token-identical at concurrency 1 and 16 while it really speculates (verify steps
 K3_SPEC_RECORD). A second K3_CSV server runs the default prompt-lookup drafter in `static` mode (verify-all) on
 repetitive prompts. Requests the worker must not speculate on (logprobs, sampling) are served by plain decode
 steps, never refused. A PP2 server (K3_CSV inside SGLang's pipeline: the first stage plans, the plan rides the
-proxy, earlier stages commit KDA from the relayed accept lens) must match at concurrency 1 and 16 too. The slow tier
-adds TP2/DCP2.
+proxy, earlier stages commit KDA through SGLang's relay) must match at concurrency 1 and 16 too. SGLang's own K3
+(K3_MODEL_IMPL=sglang on k3_cpu) runs the same K3_CSV worker on the same contract (TARGET_VERIFY into SGLang's
+per-draft scratch, SGLang's commit after acceptance) against its own no-spec server. The slow tier adds TP2/DCP2,
+wider pipelines and SGLang's K3 inside PP2.
 """
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ def oracle(references, tmp_path_factory):
     return path
 
 
-def _controlled_server(tiny_dir, oracle, work, flags=()):
+def _controlled_server(tiny_dir, oracle, work, flags=(), env_extra=None):
     """The planner runs on a cost table where verified tokens are cheap, so that it verifies at every batch size
     here (the measured CPU table would decode plainly at 16 requests; the planner's choices are tests/spec's)."""
     from k3_sglang.spec.cost import AffineCost, save_cost
@@ -84,7 +86,8 @@ def _controlled_server(tiny_dir, oracle, work, flags=()):
     save_cost(AffineCost(c0=0.015, c_req=0.0, c_tok=0.0001, c_lmax=0.0, d0=0.015, d_req=0.0005), cost,
               {"purpose": "tests/e2e/test_spec_serve.py: verification pays at every batch size"})
     env = {"K3_SPEC_DRAFTER": "controlled", "K3_SPEC_ORACLE": str(oracle), "K3_SPEC_PROFILE": "mix",
-           "K3_SPEC_VERIFY_MODE": "compact", "K3_SPEC_RECORD": str(record), "K3_SPEC_COST_TABLE": str(cost)}
+           "K3_SPEC_VERIFY_MODE": "compact", "K3_SPEC_RECORD": str(record), "K3_SPEC_COST_TABLE": str(cost),
+           **(env_extra or {})}
     proc = K3ServerProcess(["--model-path", str(tiny_dir), *SAME_AS_REFERENCE, "--speculative-algorithm", "K3_CSV",
                             "--speculative-num-draft-tokens", "8", *flags], work / "serve.log", env=env)
     return proc.start(timeout_s=600), record
@@ -212,3 +215,69 @@ def test_wider_pipelines_verify_lossless(tiny_dir, oracle, references, server, t
     received and pass it on; four microbatches are in flight."""
     _pp_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory.mktemp("spec-" + "-".join(flags)),
                         flags)
+
+
+SGLANG_K3 = {"K3_MODEL_IMPL": "sglang"}  # SGLang's own K3 (sglang.srt.models.kimi_k3) on the k3_cpu platform
+
+
+@pytest.fixture(scope="module")
+def sglang_references(tiny_dir, tmp_path_factory) -> list[list[int]]:
+    """SGLang's K3 without speculation (the server stops once its answers are recorded: memory is scarce here)."""
+    work = tmp_path_factory.mktemp("spec-sglang-ref")
+    proc = K3ServerProcess(["--model-path", str(tiny_dir), *SAME_AS_REFERENCE], work / "serve.log", env=SGLANG_K3)
+    proc.start(timeout_s=600)
+    try:
+        return [_generate(proc.url, p)["output_ids"] for p in PROMPTS]
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def sglang_oracle(sglang_references, tmp_path_factory):
+    path = tmp_path_factory.mktemp("spec-sglang-oracle") / "oracle.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": p, "output_ids": o}) + "\n"
+                            for p, o in zip(PROMPTS, sglang_references)))
+    return path
+
+
+def _check_speculated(steps: list[dict], batched: bool) -> None:
+    verify = [s for s in steps if s["kind"] == "verify"]
+    assert verify and sum(s["accepted"] for s in verify) > len(verify), "no verify step accepted drafts"
+    if batched:
+        assert any(s["n_reqs"] > 1 for s in verify), "no verify step of several requests"
+
+
+def test_sglang_k3_verify_lossless_at_concurrency_1_and_16(tiny_dir, sglang_oracle, sglang_references,
+                                                           tmp_path_factory):
+    """The K3_CSV worker on SGLang's K3: its KDA backend (our CPU kernel in SGLang's dispatcher) verifies into
+    SGLang's scratch, SGLang's hybrid backend commits; token-identical to SGLang's K3 without speculation."""
+    proc, record = _controlled_server(tiny_dir, sglang_oracle, tmp_path_factory.mktemp("spec-sglang"),
+                                      env_extra=SGLANG_K3)
+    try:
+        for prompt, ref in zip(PROMPTS[:4], sglang_references[:4]):
+            assert _generate(proc.url, prompt)["output_ids"] == ref
+        single = _records(record)
+        assert _parallel(proc.url, PROMPTS) == sglang_references
+        batched = _records(record)[len(single):]
+    finally:
+        proc.stop()
+    _check_speculated(single, batched=False)
+    _check_speculated(batched, batched=True)
+
+
+@pytest.mark.slow
+def test_sglang_k3_pp2_verify_lossless(tiny_dir, sglang_oracle, sglang_references, tmp_path_factory):
+    """SGLang's K3 inside PP2: stage 0 plans and verifies its layers, the last stage's worker accepts and commits,
+    stage 0 commits through SGLang's relay from the relayed chain accept index."""
+    proc, record = _controlled_server(tiny_dir, sglang_oracle, tmp_path_factory.mktemp("spec-sglang-pp2"),
+                                      ["--pp-size", "2"], env_extra=SGLANG_K3)
+    try:
+        for prompt, ref in zip(PROMPTS[:3], sglang_references[:3]):
+            assert _generate(proc.url, prompt)["output_ids"] == ref
+        single = _records(record)
+        assert _parallel(proc.url, PROMPTS) == sglang_references
+        batched = _records(record)[len(single):]
+    finally:
+        proc.stop()
+    _check_speculated(single, batched=False)
+    _check_speculated(batched, batched=True)

@@ -1,9 +1,10 @@
-"""Triton fused KDA decode / verify / commit against the torch path (float64), on a poisoned slot pool."""
+"""Triton fused KDA decode / verify (per-draft scratch) against the torch path (float64), on a poisoned slot pool."""
 import pytest
 import torch
 
-from k3_sglang.kernels.kda.fused_recurrent import kda_fused_commit, kda_fused_decode, kda_fused_verify
-from k3_sglang.kernels.kda.naive_decode import kda_commit_torch, kda_decode_torch, kda_verify_torch
+from k3_sglang.kernels.kda.decode_common import VerifyScratch
+from k3_sglang.kernels.kda.fused_recurrent import kda_fused_decode, kda_fused_verify
+from k3_sglang.kernels.kda.naive_decode import kda_decode_torch, kda_verify_torch
 from tests.kernels.kda_cases import POISON, as64, make_pools, make_step_inputs, make_weights
 from tests.utils.numerics import FP32_VS_FP64, assert_bit_exact, assert_close
 
@@ -42,31 +43,57 @@ def test_kda_fused_decode(B, n, H, K, V):
 
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
-def test_kda_fused_verify_commit(impl):
-    verify, commit, decode = ((kda_fused_verify, kda_fused_commit, kda_fused_decode) if impl == "triton"
-                              else (kda_verify_torch, kda_commit_torch, kda_decode_torch))
+def test_kda_verify_scratch_then_commit_equals_decode(impl):
+    """Verify leaves the pools alone and puts the state and window after every token in SGLang's per-draft scratch
+    (rows chosen by the caller, other rows untouched); copying step accepted - 1 into the pools (what SGLang's
+    commit after acceptance does) equals, bit for bit, decoding the accepted tokens from the pre-verify pools."""
+    verify, decode = (kda_fused_verify, kda_fused_decode) if impl == "triton" else (kda_verify_torch, kda_decode_torch)
     B, n, H, K, V = 3, 4, 2, 8, 12
     weights = make_weights(H, K, V)
     inputs = make_step_inputs(B, n, H, K, V)
     slots = torch.tensor([4, 0, 7])
-    accepted = torch.tensor([2, 0, 4])
+    accepted = torch.tensor([2, 1, 4])
     conv, state = make_pools(9, slots.tolist(), H, K, V)
+    rows = torch.tensor([5, 1, 2])  # scratch rows (SGLang: the request's index, or its req-pool row under PP)
+    scratch = VerifyScratch(torch.full((7, n + 1, H, K, V), POISON), torch.full((7, n + 1, *conv.shape[1:]), POISON),
+                            rows)
     conv_v, state_v = conv.clone(), state.clone()
-    o_verify, record = verify(*inputs, weights, conv_v, state_v, slots)
+    o_verify = verify(*inputs, weights, conv_v, state_v, slots, scratch)
     assert_bit_exact("verify leaves the state pool", state, state_v)
     assert_bit_exact("verify leaves the conv pool", conv, conv_v)
-    commit(record, conv_v, state_v, slots, accepted)
+    others = [r for r in range(7) if r not in rows.tolist()]
+    assert bool((scratch.state[others] == POISON).all()) and bool((scratch.conv[others] == POISON).all())
+    assert bool((scratch.state[rows, n] == POISON).all()), "a step past the chain was written"
+    live = slots >= 0
+    state_v[slots[live]] = scratch.state[rows[live], accepted[live] - 1]  # SGLang's commit of the accepted step
+    conv_v[slots[live]] = scratch.conv[rows[live], accepted[live] - 1]
     conv_d, state_d = conv.clone(), state.clone()  # from scratch: one-token decodes of the accepted prefix
     for t in range(n):
-        live = (accepted > t).nonzero().flatten()
-        if len(live) == 0:
+        alive = (accepted > t).nonzero().flatten()
+        if len(alive) == 0:
             continue
         step = [x[:, t:t + 1].contiguous() for x in inputs]  # the whole batch, rejected requests as padding slots
         o_t = decode(*step, weights, conv_d, state_d, torch.where(accepted > t, slots, -1))
-        assert_bit_exact(f"verify output token {t}", o_t[live], o_verify[live, t:t + 1])
+        assert_bit_exact(f"verify output token {t}", o_t[alive], o_verify[alive, t:t + 1])
         assert bool((o_t[accepted <= t] == 0).all()), "padding requests output 0"
     assert_bit_exact("committed state", state_d, state_v)
     assert_bit_exact("committed conv window", conv_d, conv_v)
+
+
+def test_kda_verify_padding_request_writes_no_scratch():
+    B, n, H, K, V = 2, 3, 2, 8, 8
+    weights = make_weights(H, K, V)
+    inputs = make_step_inputs(B, n, H, K, V)
+    slots = torch.tensor([-1, 2])
+    conv, state = make_pools(4, [2], H, K, V)
+    scratch = VerifyScratch(torch.full((3, n, H, K, V), POISON), torch.full((3, n, *conv.shape[1:]), POISON),
+                            torch.tensor([0, 1]))
+    o = kda_verify_torch(*inputs, weights, conv, state, slots, scratch)
+    assert bool((o[0] == 0).all()) and bool((scratch.state[0] == POISON).all())
+    assert bool((scratch.conv[0] == POISON).all()) and not bool((scratch.state[1] == POISON).any())
+    with pytest.raises(ValueError, match="scratch state"):
+        kda_verify_torch(*inputs, weights, conv, state, slots, VerifyScratch(scratch.state[:, :2], scratch.conv,
+                                                                             scratch.rows))
 
 
 def test_kda_fused_recurrent_invalid_args():

@@ -12,7 +12,7 @@ from tests.utils.numerics import FP32_VS_FP64, assert_bit_exact, assert_close
 def test_dispatch_defaults_and_errors():
     assert dispatch.resolve("attn_res_read", torch.device("cpu")) is attn_res_read
     assert dispatch.REGISTRY.backends("kda_prefill") == ("torch", "triton")
-    assert set(dispatch.REGISTRY.ops()) >= {"kda_decode", "kda_verify", "kda_commit", "mla_dcp", "dequant_mxfp4"}
+    assert set(dispatch.REGISTRY.ops()) >= {"kda_decode", "kda_verify", "mla_dcp", "dequant_mxfp4"}
     with pytest.raises(ValueError, match="has no backend 'cuda-graph'; supported: torch, triton"):
         dispatch.resolve("kda_decode", torch.device("cpu"), "cuda-graph")
     with pytest.raises(ValueError, match="unknown kernel op 'kda_fwd'; supported: .*kda_decode"):

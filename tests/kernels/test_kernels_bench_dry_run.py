@@ -33,7 +33,7 @@ def test_bench_kernels_dry_run(monkeypatch, capsys):
     rows = kernels.run_cases(args, bw=1e9, tflops=1.0)
     out = capsys.readouterr().out
     names = {r.name for r in rows}
-    assert names == {"kda_decode", "kda_verify", "kda_commit", "kda_chunk_prefill", "mla_decode",
+    assert names == {"kda_decode", "kda_verify", "kda_chunk_prefill", "mla_decode",
                      "merge_attention_states", "attn_res_read", "dequant_mxfp4", "mxfp4_grouped_matmul"}, out
     failed = [(r.name, r.check) for r in rows if not r.check.startswith("ok")]
     assert not failed, out

@@ -105,12 +105,14 @@ def test_k3_csv_pipeline_conditions(monkeypatch, env, overrides, message):
     assert calls == []  # SGLang's EAGLE-only rule is not consulted for K3_CSV
 
 
-def test_results_travel_packed_and_sglang_reads_them_unpacked():
+def test_results_travel_packed_and_sglang_reads_them_unpacked(monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import PPProxyTensors
 
     sched = types.SimpleNamespace(spec_algorithm=K3)
     sent = {"next_token_ids": torch.arange(8), "spec_accept_lens": torch.tensor([3, 1], dtype=torch.int32),
-            "spec_new_seq_lens": torch.tensor([40, 9]), "spec_bonus_tokens": torch.tensor([5, 6])}
+            "spec_new_seq_lens": torch.tensor([40, 9]), "spec_bonus_tokens": torch.tensor([5, 6]),
+            "spec_accept_index": torch.tensor([[0, 1, 2, -1], [4, -1, -1, -1]])}
+    monkeypatch.setattr(pp_hooks, "_width", lambda: 4)
     packed = pp_hooks.pack_results(lambda *a: dict(sent), sched, "result", "batch")
     assert set(packed) == {"next_token_ids", "k3_csv_accept"}
     assert pp_hooks.pack_results(lambda *a: dict(sent), types.SimpleNamespace(spec_algorithm=EAGLE), "r", "b") == sent
@@ -141,7 +143,7 @@ def test_k3_csv_rounds_keep_the_plain_pipeline_order():
 
 def test_launch_sends_the_plan_with_the_proxy_and_drops_a_stale_record():
     sched = types.SimpleNamespace(spec_algorithm=K3)
-    pp_hooks._STATE.pending[1] = pp_hooks._Pending(("old",), [], [2], object())
+    pp_hooks._STATE.pending[1] = pp_hooks._Pending(("old",), [], [2])
     plan = plan_to_wire([3, 1], [[7, 8], []], 3)
     proxy = types.SimpleNamespace(tensors={"hidden_states": torch.zeros(4, 2)})
 
@@ -163,14 +165,6 @@ def test_launch_sends_the_plan_with_the_proxy_and_drops_a_stale_record():
     assert set(proxy.tensors) == {"hidden_states"}
 
 
-class _Model:
-    def __init__(self):
-        self.commits = []
-
-    def commit_verify(self, spec, commit_lens):
-        self.commits.append((spec, commit_lens.tolist()))
-
-
 class _Policy:
     def __init__(self):
         self.seen = []
@@ -179,22 +173,22 @@ class _Policy:
         self.seen.append((reqs, lens, commit_lens))
 
 
-def test_relayed_accept_lens_commit_the_matching_verify_once():
-    model, policy = _Model(), _Policy()
-    sched = types.SimpleNamespace(spec_algorithm=K3, tp_worker=types.SimpleNamespace(
-        model_runner=types.SimpleNamespace(model=model)))
-    spec_a, spec_b = object(), object()
+def test_relayed_results_commit_through_sglang_then_the_first_stage_observes_once():
+    """SGLang's own relay commit runs for every round (it commits a verify from the relayed accept index, and
+    returns at once for a plain round); the first stage's drafter then observes the matching verify once."""
+    policy = _Policy()
+    sched = types.SimpleNamespace(spec_algorithm=K3)
     pp_hooks._STATE.policy = policy
-    pp_hooks._STATE.pending[0] = pp_hooks._Pending(("a", "b"), ["req a", "req b"], [4, 2], spec_a)
-    pp_hooks._STATE.pending[1] = pp_hooks._Pending(("c",), ["req c"], [3], spec_b)
+    pp_hooks._STATE.pending[0] = pp_hooks._Pending(("a", "b"), ["req a", "req b"], [4, 2])
+    pp_hooks._STATE.pending[1] = pp_hooks._Pending(("c",), ["req c"], [3])
     outputs = {"spec_accept_lens": torch.tensor([3, 1], dtype=torch.int32)}
     original, calls = _recorder()
-    assert pp_hooks.commit_relayed_accept(original, sched, None, None, ["a", "b"], ["a", "b"], None, outputs) is None
-    assert model.commits == [(spec_a, [3, 1])] and list(pp_hooks._STATE.pending) == [1]
+    args = (sched, "batch", "fwd", ["a", "b"], ["a", "b"], None, outputs)
+    assert pp_hooks.commit_relayed_accept(original, *args) == "sglang's"
+    assert calls == [(args, {})] and list(pp_hooks._STATE.pending) == [1]
     assert policy.seen == [(["req a", "req b"], [4, 2], [3, 1])]
-    # a plain-decode round (or the last stage) left no record: nothing to commit, SGLang's CUDA commit not called
-    pp_hooks.commit_relayed_accept(original, sched, None, None, ["a", "b"], ["a", "b"], None, outputs)
-    assert len(model.commits) == 1 and calls == []
+    pp_hooks.commit_relayed_accept(original, *args)  # nothing pending for these requests: SGLang's commit only
+    assert len(calls) == 2 and len(policy.seen) == 1
     with pytest.raises(RuntimeError, match="relayed accept lens"):
         pp_hooks.commit_relayed_accept(original, sched, None, None, ["c"], ["c"], None, outputs)
 

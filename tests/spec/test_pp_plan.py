@@ -61,16 +61,23 @@ def test_accept_results_pack_into_one_tensor_and_back():
     out = {"next_token_ids": torch.arange(6), "spec_accept_lens": torch.tensor([2, 1, 3], dtype=torch.int32),
            "spec_new_seq_lens": torch.tensor([10, 20, 30], dtype=torch.int64),
            "spec_bonus_tokens": torch.tensor([7, 8, 9])}
-    packed = pack_accept(out)
-    assert set(packed) == {"next_token_ids", ACCEPT_KEY} and packed[ACCEPT_KEY].shape == (3, 3)
-    back = unpack_accept(packed, torch.int32)
+    plain_round = pack_accept(out, 4)
+    assert set(plain_round) == {"next_token_ids", ACCEPT_KEY} and plain_round[ACCEPT_KEY].shape == (4, 3)
+    back = unpack_accept(plain_round, torch.int32, 4)
     assert back["spec_accept_lens"].dtype == torch.int32 and back["spec_new_seq_lens"].dtype == torch.int32
     assert back["spec_accept_lens"].tolist() == [2, 1, 3] and back["spec_bonus_tokens"].tolist() == [7, 8, 9]
     assert back["spec_new_seq_lens"].tolist() == [10, 20, 30] and torch.equal(back["next_token_ids"], torch.arange(6))
+    assert "spec_accept_index" not in back  # no verify: nothing for SGLang to commit
+    index = torch.tensor([[0, 1, -1, -1], [4, -1, -1, -1], [8, 9, 10, -1]])
+    verify_round = pack_accept({**out, "spec_accept_index": index}, 4)
+    assert set(verify_round) == {"next_token_ids", ACCEPT_KEY}  # still one tensor on the wire
+    assert torch.equal(unpack_accept(verify_round, torch.int64, 4)["spec_accept_index"], index)
     plain = {"next_token_ids": torch.arange(2)}
-    assert pack_accept(plain) is plain  # an extend round without speculative entries travels as it is
-    assert unpack_accept({"next_token_ids": torch.arange(2)}, torch.int64) is None
+    assert pack_accept(plain, 4) is plain  # an extend round without speculative entries travels as it is
+    assert unpack_accept({"next_token_ids": torch.arange(2)}, torch.int64, 4) is None
     with pytest.raises(ValueError, match="different lengths"):
-        pack_accept({**out, "spec_bonus_tokens": torch.tensor([1])})
-    with pytest.raises(ValueError, match=r"\[3, B\]"):
-        unpack_accept({ACCEPT_KEY: torch.zeros(2, 3)}, torch.int64)
+        pack_accept({**out, "spec_bonus_tokens": torch.tensor([1])}, 4)
+    with pytest.raises(ValueError, match="not the chain"):
+        pack_accept({**out, "spec_accept_index": index.flip(0)}, 4)
+    with pytest.raises(ValueError, match=r"\[4, B\]"):
+        unpack_accept({ACCEPT_KEY: torch.zeros(3, 3)}, torch.int64, 4)

@@ -8,6 +8,7 @@ import types
 import pytest
 import torch
 
+from k3_sglang.kernels.kda.decode_common import chain_layout
 from k3_sglang.spec.accept import accept_greedy
 from k3_sglang.spec.info import VerifyLayout
 from k3_sglang.spec.plugin import assign_req_to_token_pool_torch, register
@@ -46,8 +47,9 @@ def test_verify_layout_indices():
     layout = VerifyLayout(verify_lens=(3, 1, 4), seq_lens=(10, 0, 7))
     assert layout.num_tokens == 8 and layout.l_max == 4 and layout.qo_indptr() == [0, 3, 4, 8]
     assert layout.positions().tolist() == [10, 11, 12, 0, 7, 8, 9, 10]
-    dense = layout.dense_index()
+    dense, packed = chain_layout(torch.tensor(layout.qo_indptr()), layout.num_tokens)  # what the KDA layers read
     assert dense.tolist() == [[0, 1, 2, 8], [3, 8, 8, 8], [4, 5, 6, 7]]
+    assert torch.equal(packed, layout.packed_index())
     rows = torch.arange(8.0)[:, None] * 10
     padded = torch.cat([rows, torch.full((1, 1), float("nan"))])[dense]  # [B, L, 1]; padding poisoned
     back = padded.reshape(-1, 1)[layout.packed_index()]

@@ -86,7 +86,7 @@ def test_supported_configurations_pass(monkeypatch, launched):
 
 def test_k3_csv_in_a_pipeline_is_served_with_sglangs_pp_spec_relay(monkeypatch):
     """K3_CSV under --pp-size passes the portable checks and `k3 serve` turns on SGLang's PP speculation relay
-    (SGLANG_ENABLE_PP_SPEC, which spec/pp_hooks.py requires); no other command line gets it."""
+    (SGLANG_ENABLE_PP_SPEC, which spec/pp_hooks.py requires), for either K3 model; no other command line gets it."""
     from k3_sglang.serving.cli import serving_env
 
     monkeypatch.delenv("SGLANG_ENABLE_PP_SPEC", raising=False)
@@ -95,7 +95,10 @@ def test_k3_csv_in_a_pipeline_is_served_with_sglangs_pp_spec_relay(monkeypatch):
     assert serving_env(flags, on_cpu=True)["SGLANG_ENABLE_PP_SPEC"] == "1"
     for other in (["--speculative-algorithm", "K3_CSV"], ["--pp-size", "2"]):
         assert "SGLANG_ENABLE_PP_SPEC" not in serving_env(other, on_cpu=True), other
-    assert "SGLANG_ENABLE_PP_SPEC" not in serving_env(flags, on_cpu=False, portable=False)  # SGLang's K3: its rules
+    # SGLang's K3 runs K3_CSV on the same relay (spec/contract.py); its own algorithms follow SGLang's rules
+    assert serving_env(flags, on_cpu=False, portable=False)["SGLANG_ENABLE_PP_SPEC"] == "1"
+    eagle = ["--speculative-algorithm", "EAGLE", "--pp-size", "2"]
+    assert "SGLANG_ENABLE_PP_SPEC" not in serving_env(eagle, on_cpu=False, portable=False)
 
 
 PORTABLE_BASE = ["--model-path", "x", "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill",

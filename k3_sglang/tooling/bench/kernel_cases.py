@@ -7,7 +7,7 @@ import triton
 
 from k3_sglang.tooling.bench.kernels import BANK, HIDDEN, MLA_HEADS, MLA_LAT, MLA_V, H, K, V, W, median_ms, n_sets
 from k3_sglang.kernels import dispatch
-from k3_sglang.kernels.kda.decode_common import KDAWeights
+from k3_sglang.kernels.kda.decode_common import KDAWeights, VerifyScratch
 from k3_sglang.kernels.mla.dcp_triton import mla_dcp_attention_triton
 from k3_sglang.kernels.mla.decode import default_num_splits
 
@@ -121,24 +121,22 @@ def bench_verify(args):
         conv, state = _kda_pools(B * sets)
         inputs = _kda_inputs(B, n)
         slot_sets = [torch.arange(s * B, (s + 1) * B, device=CUDA) for s in range(sets)]
-        accepted = torch.full((B,), 2, dtype=torch.int32, device=CUDA)
-        # exactness: commit(verify(n), 2) == two decodes from scratch
+        scratch = VerifyScratch(torch.empty(B, n, H, K, V, device=CUDA), torch.empty(B, n, *conv.shape[1:],
+                                                                                       dtype=conv.dtype, device=CUDA),
+                                torch.arange(B, device=CUDA))
+        # exactness: the scratch's step 1 (SGLang's commit of 2 accepted tokens) == two decodes from scratch
         conv_d, state_d = conv[:B].clone(), state[:B].clone()
-        _, rec = dispatch.kda_verify(*inputs, weights, conv[:B], state[:B], slot_sets[0], backend="triton")
-        conv_c, state_c = conv[:B].clone(), state[:B].clone()
-        dispatch.kda_commit(rec, conv_c, state_c, slot_sets[0], accepted, backend="triton")
+        dispatch.kda_verify(*inputs, weights, conv[:B], state[:B], slot_sets[0], scratch, backend="triton")
         for t in range(2):
             dispatch.kda_decode(*[x[:, t:t + 1].contiguous() for x in inputs], weights, conv_d, state_d, slot_sets[0],
                                 backend="triton")
-        err = _rel(state_d, state_c)
-        check = ("ok exact" if torch.equal(state_d, state_c) and torch.equal(conv_d, conv_c) else _check(err, tol=1e-6))
-        ms_v = median_ms(lambda i: dispatch.kda_verify(*inputs, weights, conv, state, slot_sets[i % sets],
+        err = _rel(state_d, scratch.state[:, 1])
+        check = ("ok exact" if torch.equal(state_d, scratch.state[:, 1]) and torch.equal(conv_d, scratch.conv[:, 1])
+                 else _check(err, tol=1e-6))
+        ms_v = median_ms(lambda i: dispatch.kda_verify(*inputs, weights, conv, state, slot_sets[i % sets], scratch,
                                                        backend="triton"), args.iters, args.warmup)
-        rec_bytes = B * n * H * (2 * K + V) * 4
-        rows.append(("kda_verify", f"B={B} n={n}", ms_v, _kda_bytes(B, n, 1) + rec_bytes, 0.0, check))
-        ms_c = median_ms(lambda i: dispatch.kda_commit(rec, conv, state, slot_sets[i % sets], accepted,
-                                                       backend="triton"), args.iters, args.warmup)
-        rows.append(("kda_commit", f"B={B} accept=2 of {n}", ms_c, 2 * B * H * K * V * 4 + rec_bytes / 2, 0.0, check))
+        scratch_bytes = B * n * (H * K * V * 4 + conv.shape[1] * conv.shape[2] * conv.element_size())
+        rows.append(("kda_verify", f"B={B} n={n}", ms_v, _kda_bytes(B, n, 1) + scratch_bytes, 0.0, check))
     return rows
 
 
