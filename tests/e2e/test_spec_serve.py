@@ -222,12 +222,13 @@ SGLANG_K3 = {"K3_MODEL_IMPL": "sglang"}  # SGLang's own K3 (sglang.srt.models.ki
 
 @pytest.fixture(scope="module")
 def sglang_references(tiny_dir, tmp_path_factory) -> list[list[int]]:
-    """SGLang's K3 without speculation (the server stops once its answers are recorded: memory is scarce here)."""
+    """SGLang's K3 without speculation (the server stops once its answers are recorded: memory is scarce here). Asked
+    concurrently: its greedy answers in a batch equal each alone (tests/e2e/test_sglang_k3_cpu.py checks that)."""
     work = tmp_path_factory.mktemp("spec-sglang-ref")
     proc = K3ServerProcess(["--model-path", str(tiny_dir), *SAME_AS_REFERENCE], work / "serve.log", env=SGLANG_K3)
     proc.start(timeout_s=600)
     try:
-        return [_generate(proc.url, p)["output_ids"] for p in PROMPTS]
+        return _parallel(proc.url, PROMPTS)
     finally:
         proc.stop()
 
