@@ -74,6 +74,7 @@ def test_pp2_ranks_build_their_own_stage(pp2_server):
     assert "PP1] Prefill batch" in log and "PP0] Prefill batch" in log
 
 
+@pytest.mark.slow  # PP2 stays in the default run
 def test_pp4_with_stages_lacking_mla_or_kda_matches_pp1(server, tiny_dir, tmp_path_factory):
     pp4 = _start(tiny_dir, tmp_path_factory, "serve-pp4", ["--pp-size", "4"],
                  {"SGLANG_PP_LAYER_PARTITION": "3,1,3,2", "SGLANG_CPU_OMP_THREADS_BIND": "0|1|0|1"})

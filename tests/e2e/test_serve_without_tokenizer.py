@@ -11,6 +11,7 @@ from k3_sglang.tiny.checkpoint import write_tiny_checkpoint
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
+@pytest.mark.slow  # 40 s of the default run; --skip-tokenizer-init's flag handling is unit-tested (test_serve_cli.py)
 def test_token_id_generation_without_tokenizer(tmp_path):
     model = write_tiny_checkpoint(tmp_path / "no-tokenizer", with_tokenizer=False)
     assert not (model / "tokenizer.json").exists()

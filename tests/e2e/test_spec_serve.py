@@ -202,6 +202,7 @@ def _pp_verify_lossless(tiny_dir, oracle, references, server, work, flags):
     assert len(got_lp) == NEW_TOKENS and max(abs(a - b) for a, b in zip(got_lp, want_lp)) < 1e-4
 
 
+@pytest.mark.slow  # issue 27: TP1 on each model in the default run, pipelines in the slow tier
 def test_pp2_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory):
     _pp_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory.mktemp("spec-pp2"),
                         ["--pp-size", "2"])

@@ -155,6 +155,7 @@ def soak(tmp_path, sessions: int, turns: int, kill_share: float) -> None:
             worker.stop()
 
 
+@pytest.mark.slow  # about 4 min; tests/router/test_kv_events_real.py keeps two real workers in the default run
 def test_bounded_soak_8_sessions_survive_a_worker_kill(tmp_path):
     soak(tmp_path, sessions=8, turns=3, kill_share=0.4)
 
