@@ -106,10 +106,13 @@ def _py_spy() -> str:
     return shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
 
 
+REPO_ROOT = str(Path(__file__).resolve().parents[3])  # this checkout: frames of kernels/ and parallel/ shown relative
+
+
 def _frame(raw: str) -> str:
     name, _, where = raw.partition(" (")
     where = where.rstrip(")")
-    for root in ("site-packages/", "/work/", "k3_sglang/"):
+    for root in ("site-packages/", f"{REPO_ROOT}/", "k3_sglang/"):
         if root in where:
             where = where.split(root, 1)[1]
     return f"{name} ({where.rsplit(':', 1)[0]})"

@@ -111,7 +111,7 @@ Ratios (same run):
 
 ![resumed-turn TTFT and hits per tier by arm]({plot.name})
 
-Server logs of this run: `{workdir}` (temporary).
+Server logs of this run: `{workdir.name}` in the system's temporary directory (removed with it).
 """
     args.out.write_text(text)
     print(f"wrote {args.out} and {plot}")
