@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from k3_sglang.serving.argv import flag_value as _flag_value, has_flag as _has_flag
 from k3_sglang.serving.kv_events_config import KvEventsSettings, hooks_env, kv_events_flags
 from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags
 from k3_sglang.plan.sessions import CPU_MIN_SESSION_TOKENS, DEFAULT_STATES_PER_PATH, UNCAPPED, device_state_slots
@@ -84,19 +85,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument("--dry-run", action="store_true", help="print the SGLang command line and exit")
     parser.set_defaults(func=run, accepts_extra_args=True)
-
-
-def _has_flag(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
-
-
-def _flag_value(args: list[str], flag: str, default: str) -> str:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return default
 
 
 def ensure_tiny_checkpoint(settings: ServeSettings) -> Path:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from k3_sglang.env_settings import EnvModel
+from k3_sglang.serving.argv import flag_value as _flag_value
 from k3_sglang.net import free_port_block
 
 KV_EVENTS_FLAG = "--kv-events-config"
@@ -37,13 +38,6 @@ class KvEventsSettings(EnvModel):
         return self.kv_events_host
 
 
-def _flag_value(args: list[str], flag: str, default: str) -> str:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return default
 
 
 def kv_events_config(host: str, base_port: int, dp_size: int) -> str:
