@@ -155,8 +155,10 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
                 **(SGLANG_CPU_DEFAULTS if sglang_cpu else {}), **(CPU_DEFAULTS if on_cpu else {})}
     dcp = int(_flag_value(extra, "--dcp-size", _flag_value(extra, "--decode-context-parallel-size", "1")))
     dcp_flags: tuple[str, ...] = ()
-    if portable and dcp > 1 and (_has_flag(extra, "--speculative-algorithm")
-                                 or _flag_value(extra, "--disaggregation-mode", "null") != "null"):
+    if sglang_cpu and dcp > 1:
+        defaults["--attention-backend"] = SGLANG_CPU_DCP_DEFAULTS["--attention-backend"]
+    if dcp > 1 and (portable or sglang_cpu) and (_has_flag(extra, "--speculative-algorithm")
+                                                 or _flag_value(extra, "--disaggregation-mode", "null") != "null"):
         dcp_flags = DCP_NO_PREFIX_CACHE_FLAGS
     elif portable and dcp > 1:
         defaults.update(DCP_PORTABLE_DEFAULTS)
@@ -207,9 +209,9 @@ def cpu_state_slots(argv: list[str]) -> int | None:
 # snapshots at page boundaries (its `extra_buffer` strategy, written by model/kda_snapshot.py; no_buffer works at
 # page size 1 only), so a portable DCP server defaults to it (docs/parallel.md).
 DCP_PORTABLE_DEFAULTS = {"--mamba-radix-cache-strategy": "extra_buffer"}
-# K3_CSV's verify steps leave no extra_buffer track snapshots (its KDA commit replays the accepted prefix in the
-# request's own slot), so a speculative DCP server keeps no_buffer and turns the radix cache off instead; so does
-# a PD server under DCP (its decode pool then holds one KDA slot per request, the rule `k3 plan` sizes with).
+# K3_CSV's verify steps leave no extra_buffer track snapshots (SGLang's commit after verification writes the request's
+# own slot; its track-slot copy is untested here), so a speculative DCP server, on either model, keeps no_buffer and
+# turns the radix cache off instead; so does a PD server under DCP (its decode pool then holds one KDA slot per request, the rule `k3 plan` sizes with).
 DCP_NO_PREFIX_CACHE_FLAGS = ("--disable-radix-cache",)
 
 

@@ -49,6 +49,7 @@ def installed_hooks():
             ("sglang.srt.layers.moe.moe_runner.base.FusedOpPool.get_fused_func", shims.no_fused_triton_moe,
              "AROUND"),
             # DCP (k3_dcp_mla) and the extra_buffer prefix cache it needs
+            ("sglang.srt.mem_cache.allocation.get_last_loc", shims.last_loc_on_cpu, "AROUND"),
             (OVERRIDES_TARGET, collect_overrides_with_k3_dcp_mla, "AROUND"),
             (platform_hooks.ALLOC_PAGE_TARGET, platform_hooks.alloc_page_size, "REPLACE"),
             (platform_hooks.PARALLEL_INIT_TARGET, platform_hooks.init_parallel_with_cpu_dcp, "AROUND"),

@@ -107,3 +107,16 @@ def kda_dispatcher_on_cpu(original, self, *args, **kwargs):
     self.supports_packed_decode = self.supports_packed_decode_safe_gate = False
     logging.getLogger(__name__).info("KDA kernel dispatcher on k3_cpu: decode, verify and extend run %s",
                                      type(kernel).__name__)
+
+
+def last_loc_on_cpu(original, req_to_token, req_pool_indices, prefix_lens):
+    """AROUND `mem_cache.allocation.get_last_loc` (each request's last KV slot before a paged allocation): with any
+    attention backend but torch_native SGLang launches a Triton kernel, which has no CPU driver. Speculative decode
+    at a page size above 1 (K3_CSV under DCP, whose allocator page is page_size x dcp_size) reaches it; for CPU
+    tensors SGLang's own `get_last_loc_torch` answers (same values: prefix_lens [B] -> req_to_token[idx, len - 1],
+    -1 where len is 0)."""
+    if req_to_token.is_cpu:
+        from sglang.srt.mem_cache.allocation import get_last_loc_torch
+
+        return get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)
+    return original(req_to_token, req_pool_indices, prefix_lens)

@@ -37,10 +37,11 @@ SCATTER_TARGET = "sglang.kernels.ops.mamba.mamba_state_scatter_triton.scatter_ma
 # The architectures whose SGLang model classes (ours and SGLang's kimi_k3 EntryClass) verify into the contract.
 K3_ARCHITECTURES = ("KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM")
 # SGLang's K3: MLA attention backends whose TARGET_VERIFY metadata reads `spec_info.ragged_verify_layout`
-# (k3_cpu_mla: ours on CPU, end to end in tests/e2e/test_spec_serve.py; the GPU ones by their source in SGLang
+# (k3_cpu_mla and k3_dcp_mla: ours, end to end on CPU in tests/e2e/test_spec_serve.py, k3_dcp_mla through
+# dcp_mla/metadata.py's verify_lengths; the GPU ones by their source in SGLang
 # 0.5.23, flashinfer_mla_backend.py, trtllm_mla_backend.py, flashattention_backend.py: not run here). None = the
 # backend SGLang picks for K3.
-RAGGED_VERIFY_MLA_BACKENDS = (None, "k3_cpu_mla", "flashinfer", "trtllm_mla", "fa3")
+RAGGED_VERIFY_MLA_BACKENDS = (None, "k3_cpu_mla", "k3_dcp_mla", "flashinfer", "trtllm_mla", "fa3")
 ATTENTION_BACKEND_FIELDS = (("attention_backend", "--attention-backend"),
                             ("decode_attention_backend", "--decode-attention-backend"))
 

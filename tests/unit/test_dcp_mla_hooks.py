@@ -177,6 +177,22 @@ def test_k3_serve_composes_sglangs_k3_under_dcp_on_cpu():
     assert plain.attention_backend == "k3_cpu_mla" and plain.mamba_radix_cache_strategy == "no_buffer"
 
 
+def test_k3_csv_under_dcp_keeps_no_buffer_and_drops_the_radix_cache_on_sglangs_k3():
+    """K3_CSV's commit leaves no extra_buffer track snapshot: a speculative DCP server on SGLang's K3 serves on
+    k3_dcp_mla with no_buffer and no radix cache, which both the CPU limits and the verify contract accept."""
+    from k3_sglang.serving import sglang_cpu_limits
+    from k3_sglang.serving.cli import sglang_argv
+    from k3_sglang.serving.portable_limits import parse_sglang_argv
+    from k3_sglang.spec.contract import contract_refusals
+
+    argv = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2", "--dcp-size", "2", "--speculative-algorithm",
+                                                    "K3_CSV"], on_cpu=True, portable=False)
+    args = parse_sglang_argv(argv)
+    assert args.attention_backend == BACKEND_NAME and args.mamba_radix_cache_strategy == "no_buffer"
+    assert args.disable_radix_cache
+    assert sglang_cpu_limits.refusals(args) == [] and contract_refusals(args, portable=False) == []
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--tp-size", "4", "--dcp-size", "4"], "--dcp-size 4: decode context parallelism"),
     (["--tp-size", "2", "--dcp-size", "2", "--mamba-radix-cache-strategy", "no_buffer"],

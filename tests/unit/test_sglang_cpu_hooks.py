@@ -113,3 +113,28 @@ def test_the_backend_and_runner_core_register_with_sglang():
     assert "k3_cpu_mla" in ATTENTION_BACKEND_CHOICES and ATTENTION_BACKENDS["k3_cpu_mla"] is mla_backend.create_backend
     assert AttentionBackendRegistry.get_handler("k3_cpu_mla") is mla_backend.forward_method
     assert runner._CUSTOM_RUNNER_CORE_FACTORIES["triton"] is moe_runner.K3CpuMoeRunnerCore
+
+
+def test_last_loc_shim_answers_cpu_tensors_with_sglangs_torch_path():
+    """K3_CSV under DCP (allocator page > 1) reaches `get_last_loc`; on CPU tensors the shim must give each request's
+    last slot (and -1 for an empty prefix) without the Triton launch; the original is never called."""
+    import torch
+
+    from sglang.srt.mem_cache import allocation
+
+    from k3_sglang.sglang_cpu import shims
+
+    assert _params(allocation.get_last_loc) == ["req_to_token", "req_pool_indices_tensor", "prefix_lens_tensor"]
+    assert "get_last_loc_triton" in inspect.getsource(allocation.get_last_loc)
+    assert "get_last_loc(" in inspect.getsource(allocation.alloc_for_spec_decode)
+    gen = torch.Generator().manual_seed(7)
+    table = torch.randint(0, 10_000, (6, 40), generator=gen, dtype=torch.int32)
+    idx = torch.tensor([4, 0, 5, 2], dtype=torch.int64)
+    lens = torch.tensor([17, 0, 40, 1], dtype=torch.int64)
+
+    def never(*args):
+        raise AssertionError("the Triton path was called for CPU tensors")
+
+    got = shims.last_loc_on_cpu(never, table, idx, lens)
+    want = [int(table[i, n - 1]) if n > 0 else -1 for i, n in zip(idx.tolist(), lens.tolist())]
+    assert got.tolist() == want
