@@ -54,7 +54,8 @@ ALLOWED_VALUES: dict[str, tuple[str, tuple, str]] = {
     "moe_a2a_backend": ("--moe-a2a-backend", (None, "none"), "no all-to-all on CPU"),
     "kv_cache_dtype": ("--kv-cache-dtype", (None, "auto"), "the CPU MLA backend keeps the model dtype"),
     "dtype": ("--dtype", (None, "auto", "bfloat16", "float32"), "float16 has no tested CPU path"),
-    "disaggregation_mode": ("--disaggregation-mode", (None, "null"), "PD is not tested with SGLang's K3 on CPU"),
+    "disaggregation_mode": ("--disaggregation-mode", (None, "null", "prefill", "decode"),
+                            "PD runs over Mooncake TCP on CPU (tests/e2e/test_spec_pd_slow.py)"),
     "speculative_algorithm": ("--speculative-algorithm", (None, "K3_CSV"),
                               "SGLang's own speculative workers (EAGLE, DSpark, NGRAM) have no CPU path; K3_CSV runs "
                               "on SGLang's verify contract there (docs/spec.md)"),

@@ -35,7 +35,6 @@ REFUSED = [
     (["--moe-runner-backend", "deep_gemm"], "--moe-runner-backend deep_gemm"),
     (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype fp8_e4m3"),
     (["--dtype", "float16"], "--dtype float16"),
-    (["--disaggregation-mode", "decode"], "--disaggregation-mode decode"),
     (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE"),
     (["--enable-dp-attention"], "--enable-dp-attention"),
     (["--enable-torch-compile"], "--enable-torch-compile"),
