@@ -160,6 +160,9 @@ def test_profile_read_records_from_a_mark(tmp_path):
     (["bench", "verify", "--concurrency", "128", "--out", "-"], "--concurrency values must be distinct"),
     (["bench", "verify", "--repeats", "0", "--out", "-"], "--repeats and --min-requests must be >= 1"),
     (["bench", "verify", "--pp-size", "5", "--out", "-"], "--pp-size must be in 1..4"),
+    (["bench", "verify", "--model-impl", "sglang", "--pp-size", "4", "--out", "-"], "--pp-size above 2 with"),
+    (["bench", "verify", "--model-impl", "sglang", "--cost-table", "/nonexistent/c.json", "--out", "-"],
+     "run `k3 bench profile-verify --model-impl sglang`"),
     (["bench", "profile-verify", "--lengths", "1", "16", "--out", "-"], "--lengths must be in 1..--width"),
     (["bench", "profile-verify", "--lengths", "2", "4", "--out", "-"], "--lengths needs 1"),
     (["bench", "profile-verify", "--batches", "4", "--out", "-"], "--batches must be at least two"),
@@ -199,3 +202,24 @@ def test_write_report_renders_tables_goals_identity_and_plot(tmp_path):
     args.pp_size, args.out = 2, str(tmp_path / "bench-verify-pp2.md")
     piped = vr.write_report(args, started, (0.5, 0.5, 0.5), cells, outputs, [1, 16, 64], {1: 4, 16: 1, 64: 1}, tmp_path)
     assert "--pp-size 2\n```" in piped and "`--pp-size 2` (every arm a pipeline)" in piped
+
+
+def test_model_impl_picks_its_own_cost_table_and_report():
+    """SGLang's K3 has its own step costs: its bench reads docs/verify-cost-cpu-sglang.json and writes its own report,
+    and every server of the run is told which model serves."""
+    import argparse
+
+    from k3_sglang.tooling.bench import profile_verify, verify
+
+    parser = argparse.ArgumentParser()
+    verify.add_arguments(parser)
+    args = parser.parse_args(["--model-impl", "sglang"])
+    try:
+        verify.check_args(args)
+    except Exception:  # noqa: BLE001 - the table may not be measured yet; the defaults are set before the check
+        pass
+    assert args.cost_table == str(verify.COST_SGLANG) and args.out == str(verify.DOC_SGLANG)
+    plain = parser.parse_args([])
+    verify.check_args(plain)
+    assert plain.cost_table == str(verify.COST) and plain.out == str(verify.DOC)
+    assert profile_verify.model_env("sglang") == {"K3_MODEL_IMPL": "sglang"}

@@ -27,6 +27,13 @@ from pathlib import Path
 import httpx
 
 OUT = Path("docs/verify-cost-cpu.json")
+OUT_SGLANG = Path("docs/verify-cost-cpu-sglang.json")  # --model-impl sglang: SGLang's own K3 has its own step costs
+MODEL_IMPLS = ("portable", "sglang")
+
+
+def model_env(impl: str) -> dict[str, str]:
+    """K3_MODEL_IMPL for a bench server: the portable model or SGLang's own K3 (on CPU, the k3_cpu platform)."""
+    return {"K3_MODEL_IMPL": impl}
 VOCAB = 760  # token ids the tiny checkpoint embeds safely
 
 
@@ -54,7 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24, help="tokens per request (default 24)")
     parser.add_argument("--prompt-tokens", type=int, default=128, help="prompt length (default 128)")
     parser.add_argument("--rounds", type=int, default=1, help="batches per (N, L) (default 1)")
-    parser.add_argument("--out", default=str(OUT), help="cost JSON (default docs/verify-cost-cpu.json; '-': none)")
+    parser.add_argument("--model-impl", choices=MODEL_IMPLS, default="portable",
+                        help="which K3 serves (default portable; sglang: SGLang's own K3, default --out "
+                             f"{OUT_SGLANG})")
+    parser.add_argument("--out", default=None,
+                        help=f"cost JSON (default {OUT}, or {OUT_SGLANG} with --model-impl sglang; '-': none)")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -163,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
     from k3_sglang.serving.process import K3ServerProcess
 
     check_args(args)
+    if args.out is None:
+        args.out = str(OUT_SGLANG if args.model_impl == "sglang" else OUT)
     stop_servers_on_signals()
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()[0]
@@ -174,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
     seed = 0
     for length in sorted(set(args.lengths)):
         record = work / f"steps-L{length}.jsonl"
-        env = {"K3_SPEC_RECORD": str(record), "K3_SPEC_FORCE_VERIFY_LEN": str(length), "K3_SPEC_VERIFY_MODE": "static"}
+        env = {"K3_SPEC_RECORD": str(record), "K3_SPEC_FORCE_VERIFY_LEN": str(length), "K3_SPEC_VERIFY_MODE": "static",
+               **model_env(args.model_impl)}
         server = K3ServerProcess(flags, work / f"serve-L{length}.log", env=env)
         try:
             server.start(timeout_s=900)
@@ -213,8 +227,9 @@ def run(args: argparse.Namespace) -> int:
                 "command": "k3 bench profile-verify " + " ".join(
                     [f"--lengths {' '.join(map(str, args.lengths))}", f"--batches {' '.join(map(str, args.batches))}",
                      f"--width {args.width}", f"--max-new-tokens {args.max_new_tokens}",
-                     f"--prompt-tokens {args.prompt_tokens}", f"--rounds {args.rounds}"]),
-                "server": "tiny K3, bf16, k3 serve defaults + " + " ".join(flags),
+                     f"--prompt-tokens {args.prompt_tokens}", f"--rounds {args.rounds}",
+                     f"--model-impl {args.model_impl}"]),
+                "server": f"tiny K3 ({args.model_impl} model), bf16, k3 serve defaults + " + " ".join(flags),
                 "samples": [{"kind": p.kind, "n_reqs": p.n_reqs, "n_tokens": p.n_tokens, "l_max": p.l_max,
                              "seconds": p.seconds, "steady_steps": p.n_steps} for p in points],
                 "residuals": [round(r, 4) for r in residuals],

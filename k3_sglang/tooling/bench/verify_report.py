@@ -249,13 +249,17 @@ def write_report(args, started, load_before, cells, outputs, concurrency, per_wo
            f"--max-new-tokens {args.max_new_tokens} --prompt-tokens {args.prompt_tokens} --min-requests "
            f"{args.min_requests} --workloads {' '.join(args.workloads)} --width {args.width} --profile {args.profile} "
            f"--cost-table {args.cost_table}" + (f" --dtype {args.dtype}" if args.dtype else "")
-           + (f" --pp-size {args.pp_size}" if getattr(args, "pp_size", 1) > 1 else ""))
+           + (f" --pp-size {args.pp_size}" if getattr(args, "pp_size", 1) > 1 else "")
+           + (" --model-impl sglang" if getattr(args, "model_impl", "portable") == "sglang" else ""))
+    model = ("SGLang's own K3 (`K3_MODEL_IMPL=sglang`, sglang.srt.models.kimi_k3 on the k3_cpu platform)"
+             if getattr(args, "model_impl", "portable") == "sglang" else "the portable K3 model")
     png = Path(str(args.out)).with_suffix(".png") if str(args.out) != "-" else None
     parts = [
         "# `k3 bench verify`: no-spec vs verify-all vs confidence-scheduled verification (K3_CSV)", "",
         f"Run {started:%Y-%m-%d %H:%M} UTC on {machine()}; load average {load_before[0]:.2f} before, "
         f"{load[0]:.2f} at the end. Command:", "", f"```\n{cmd}\n```", "",
-        f"Servers: the tiny K3 (random weights) in {args.dtype or 'bf16'} with `k3 serve` defaults, "
+        f"Servers: the tiny K3 (random weights), served by {model}, in {args.dtype or 'bf16'} with `k3 serve` "
+        "defaults, "
         "`--disable-radix-cache "
         "--max-running-requests 64`" + (f" and `--pp-size {args.pp_size}` (every arm a pipeline)"
                                         if getattr(args, "pp_size", 1) > 1 else "") + ", SGLang 0.5.23 on CPU. "
