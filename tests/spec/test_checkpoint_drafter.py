@@ -159,3 +159,28 @@ def test_k3_serve_exits_2_for_a_draft_that_does_not_fit(tmp_path, k3_dir, monkey
     assert not launched
     monkeypatch.setenv("K3_SPEC_DRAFT_PATH", str(write_tiny_draft(tmp_path / "good")))
     assert main(argv) == 0 and len(launched) == 1
+
+
+def test_a_sharded_target_head_needs_the_drafts_own(tmp_path):
+    shard = _target()
+    shard = TargetHeads(shard.embed_weight[: V // 2], shard.lm_head_weight, H, V, TINY.num_layers)
+    with pytest.raises(ValueError, match="embed_tokens.weight is neither .* shards it over TP"):
+        build_drafter("checkpoint", draft_path=str(write_tiny_draft(tmp_path)), target=shard)
+
+
+def test_the_sglang_seams_the_capture_uses_exist():
+    """Drift check of what spec/root_capture.py relies on in the installed SGLang (no hook: public seams of its
+    draft-model workers): the target worker's capture_hidden_mode override, the LogitsProcessor's aux hidden states,
+    the modes, and SGLang's K3 `set_dspark_layers_to_capture`."""
+    import inspect
+
+    from sglang.srt.layers.logits_processor import LogitsProcessor
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.models.kimi_k3 import KimiK3ForConditionalGeneration, KimiK3LinearForCausalLM
+
+    assert "capture_hidden_mode" in inspect.signature(TpModelWorker.forward_batch_generation).parameters
+    assert "aux_hidden_states" in inspect.signature(LogitsProcessor.forward).parameters
+    assert CaptureHiddenMode.LAST.is_last() and CaptureHiddenMode.FULL.is_full()
+    for cls in (KimiK3ForConditionalGeneration, KimiK3LinearForCausalLM):
+        assert list(inspect.signature(cls.set_dspark_layers_to_capture).parameters) == ["self", "layer_ids"]

@@ -59,7 +59,9 @@ class CheckpointDrafter:
         problems = target_mismatches(config, target.hidden_size, target.vocab_size, target.num_layers)
         if problems:
             raise ValueError(f"K3_SPEC_DRAFT_PATH {path}: " + "; ".join(problems))
-        embed, head = (w[: config.vocab_size] for w in (target.embed_weight, target.lm_head_weight))
+        # a head the target holds whole ([V or padded V, H]); a TP shard is no use: the checkpoint must bring its own
+        embed, head = (w[: config.vocab_size] if w.shape[0] >= config.vocab_size and w.shape[-1] == config.hidden_size
+                       else None for w in (target.embed_weight, target.lm_head_weight))
         draft = load_draft_checkpoint(path, embed_weight=embed, lm_head_weight=head, device=target.embed_weight.device)
         return cls(draft)
 

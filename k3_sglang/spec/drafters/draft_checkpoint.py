@@ -1,4 +1,4 @@
-"""Loader path for a DSpark-style draft checkpoint with a confidence head (GPU deployments; NOT served here).
+"""Loader and reference forward of a DSpark-style draft checkpoint with a confidence head (K3_SPEC_DRAFTER=checkpoint).
 
 What it reads (learned from SGLang 0.5.23 `models/dspark.py`, `models/dflash.py`,
 `speculative/dspark_components/dspark_config.py`; no code copied):
@@ -18,15 +18,18 @@ What it reads (learned from SGLang 0.5.23 `models/dspark.py`, `models/dflash.py`
   embed_tokens.weight / lm_head.weight [V, H] are shared with the target in SGLang (skipped there); here they may be
   in the checkpoint or passed by the caller.
 
-The module (`DSparkStyleDraft`) is a small reference forward for tests and a future GPU drafter: from the target's
-hidden states at each root [N, C*H] and the root tokens [N] it drafts gamma tokens per request with per-token
-confidence sigmoid(confidence_head). Simplifications against SGLang's draft (honest list): attention runs only
-inside the block [projected context, anchor, gamma mask tokens] (no draft KV cache over the whole prefix), no RoPE,
-no STS temperature, greedy only, no TP. It has never been run against a trained checkpoint.
+The module (`DSparkStyleDraft`) is the draft forward K3_CSV serves with (spec/drafters/checkpoint.py): from the
+target's hidden states at each root [N, C*H] (the streams after `target_layer_ids`, concatenated in layer order, at
+the row whose logits chose the root; spec/root_capture.py) and the root tokens [N] it drafts gamma tokens per request
+with per-token confidence sigmoid(confidence_head), which the planner reads as conditional acceptance.
+Simplifications against SGLang's draft (honest list): attention runs only inside the block [projected context,
+anchor, gamma mask tokens] (no draft KV cache over the whole prefix: only the root's context features are read), no
+RoPE, no STS temperature, greedy only, no TP (the draft runs whole on every rank), float32. It has been served and
+tested only with tiny random checkpoints, never with a trained one, so nothing here says how a trained DSpark draft
+would accept.
 
-What a GPU deployment would pass: the checkpoint directory, the target's embed/lm_head weights, and each step the
-hidden states of `target_layer_ids` at every request's root (the lead's K3_CSV worker does not capture them today;
-the CPU server uses the lookup / controlled drafters, and `build_drafter("checkpoint")` refuses with a message).
+`check_draft_files` validates a checkpoint from its headers (start-up refusals); `target_mismatches` says why a draft
+cannot read a target (hidden size, vocabulary, target_layer_ids).
 """
 from __future__ import annotations
 
@@ -300,7 +303,8 @@ def load_draft_checkpoint(
     for name, given in (("embed_tokens.weight", embed_weight), ("lm_head.weight", lm_head_weight)):
         if name not in tensors:
             if given is None:
-                raise ValueError(f"draft checkpoint: {name} is neither in the checkpoint nor passed (the target's)")
+                raise ValueError(f"draft checkpoint: {name} is neither in the checkpoint nor passed (the target's; "
+                                 "a target that shards it over TP ranks cannot lend it)")
             tensors[name] = given
     _check_names_and_shapes(path, config, {n: tuple(t.shape) for n, t in tensors.items()}, heads_optional=False)
     bad = [n for n, t in tensors.items() if not torch.isfinite(t.float()).all()]
