@@ -184,3 +184,36 @@ def test_the_sglang_seams_the_capture_uses_exist():
     assert CaptureHiddenMode.LAST.is_last() and CaptureHiddenMode.FULL.is_full()
     for cls in (KimiK3ForConditionalGeneration, KimiK3LinearForCausalLM):
         assert list(inspect.signature(cls.set_dspark_layers_to_capture).parameters) == ["self", "layer_ids"]
+
+
+def test_root_capture_keeps_the_row_that_chose_each_root(tmp_path):
+    from k3_sglang.spec.root_capture import RootCapture
+
+    drafter = build_drafter("checkpoint", draft_path=str(write_tiny_draft(tmp_path)), target=_target())
+    asked = []
+    capture = RootCapture(SimpleNamespace(set_dspark_layers_to_capture=asked.append), lambda: drafter)
+    assert asked == [[2, 5, 8]]
+    reqs = [_req("a", [1, 2, 3], [4]), _req("b", [5, 6], [7, 8])]
+    rows = torch.randn(7, C * H, generator=torch.Generator().manual_seed(9))  # chains of 3 and 4 tokens
+    capture.after_verify(reqs, SimpleNamespace(hidden_states=rows), [3, 4], [2, 4])
+
+    def drafted(rid, prompt, output):
+        return drafter.propose([DraftRequest(rid, prompt, output)], 7)
+
+    # a committed 2 tokens (root: its second), b all 4: each drafts from its last accepted row, once its context is
+    # that long, and from nothing else
+    def same(block, row, anchor):  # tokens and confidence are what the draft makes of that row (and no other)
+        tokens, conf = drafter.draft(rows[row: row + 1], torch.tensor([anchor]))
+        other = drafter.draft(rows[row - 1: row], torch.tensor([anchor]))[1]
+        assert not torch.allclose(conf, other), "rows indistinguishable: the check would not catch a wrong row"
+        return block.tokens[0].tolist() == tokens[0].tolist() and torch.allclose(
+            torch.from_numpy(block.conf[0]), conf[0].double())
+
+    block = drafted("a", [1, 2, 3], [4, 10, 11])
+    assert block.n_drafted[0] == 7 and same(block, 1, 11)
+    assert drafted("a", [1, 2, 3], [4, 10]).n_drafted[0] == 0
+    assert same(drafted("b", [5, 6], [7, 8, 1, 2, 3, 4]), 6, 4)
+    capture.after_one_token(reqs, SimpleNamespace(hidden_states=rows[:2]))  # a plain decode: one row each
+    assert drafted("a", [1, 2, 3], [4, 12]).n_drafted[0] == 7
+    capture.after_one_token(reqs, SimpleNamespace(hidden_states=None))  # nothing captured: the old rows stay
+    assert drafted("a", [1, 2, 3], [4, 12]).n_drafted[0] == 7
