@@ -12,6 +12,8 @@
    into the KDA pools (spec/contract.py: the same two calls for SGLang's K3 and the portable model), and the
    accepted drafts plus the bonus token go back to the scheduler (stride = chain width). Rejected rows' KV slots
    stay reserved past the committed length and are overwritten by the next step.
+With the checkpoint drafter (a draft model) every target forward of steps 1-4 also returns the target's hidden states
+at the draft's layers (`capture_hidden_mode`, spec/root_capture.py), and the draft runs inside the policy's step 2.
 """
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ class K3SpecWorker(BaseSpecWorker):
 
     @property
     def draft_worker(self):
-        return None  # drafts come from the request's own context (spec/drafters), no draft model
+        return None  # drafts come from spec/drafters in this worker (a draft model too), no SGLang draft worker
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
