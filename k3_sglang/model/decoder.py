@@ -9,6 +9,10 @@ Walk (per token, nothing persists across steps):
         live = live + ffn_l(post_norm(read(bank + [live], w_mlp[l])))
     out = read(bank + [live], w_out); logits = lm_head(final_norm(out))
 
+Capture for a draft model (`layers_to_capture`, SGLang's DSpark seam `set_dspark_layers_to_capture`): the stream
+after layer i as its next reader mixes it, pre-norm: layer i+1's attention-side read of bank + [live], or the output
+read after the last layer (what SGLang's K3 captures on its AttnRes path), concatenated in layer order.
+
 Under pipeline parallelism a stage runs layers [start, end) only: the first stage embeds, a later one starts
 from the (live, bank) the previous stage sent (`k3_sglang.parallel.pipeline`), and only the last one reads the
 output. Layers outside the stage are parameter-free placeholders, so parameter names stay global.
@@ -101,16 +105,28 @@ class K3Model(nn.Module):
         self.layers = nn.ModuleList(K3DecoderLayer(cfg, i) if i in self.stage else MissingLayer(i)
                                     for i in range(cfg.num_layers))
         self.eps = cfg.rms_norm_eps
+        self.layers_to_capture: tuple[int, ...] = ()  # set through the entry class (whole model only)
         if self.stage.is_last:
             self.norm = RMSNorm(hidden, cfg.rms_norm_eps)
             self.output_attn_res_norm = WeightOnly(hidden, fill=1.0)
             self.output_attn_res_proj = WeightOnly(1, hidden)
 
+    def captured_stream(self, layer_id: int, live: torch.Tensor, bank: list[torch.Tensor]) -> torch.Tensor:
+        """live [T, H] after layer `layer_id`, bank its sealed blocks -> [T, H], the stream as the next reader
+        mixes it (module docstring)."""
+        if layer_id + 1 < len(self.layers):
+            nxt = self.layers[layer_id + 1]
+            if not bank:
+                return live
+            return attn_res(bank, live, nxt.self_attention_res_norm, nxt.self_attention_res_proj, self.eps)
+        return attn_res(bank, live, self.output_attn_res_norm, self.output_attn_res_proj, self.eps)
+
     def forward(self, input_ids: torch.Tensor, forward_batch, input_embeds: torch.Tensor | None = None,
                 carry: tuple[torch.Tensor, list[torch.Tensor]] | None = None):
         """input_ids [T]. The first stage embeds them (or takes input_embeds [T, H]); a later stage continues
         from carry = (live [T, H], bank: inherited_blocks x [T, H]). Returns the final hidden states [T, H] on
-        the last stage, else the (live, bank) to send on."""
+        the last stage, else the (live, bank) to send on. With `layers_to_capture` (C layers, whole model): a pair
+        (final hidden states [T, H], captured streams [T, C*H])."""
         if self.stage.is_first:
             live = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
             bank: list[torch.Tensor] = []
@@ -122,8 +138,12 @@ class K3Model(nn.Module):
             if len(bank) != self.inherited_blocks:
                 raise ValueError(f"pipeline stage starting at layer {self.start_layer} expects "
                                  f"{self.inherited_blocks} AttnRes blocks, got {len(bank)}")
+        captured: list[torch.Tensor] = []
         for i in range(self.start_layer, self.end_layer):
             live = self.layers[i](live, bank, forward_batch)
+            if i in self.layers_to_capture:
+                captured.append(self.captured_stream(i, live, bank))
         if not self.stage.is_last:
             return live, bank
-        return self.norm(attn_res(bank, live, self.output_attn_res_norm, self.output_attn_res_proj, self.eps))
+        out = self.norm(attn_res(bank, live, self.output_attn_res_norm, self.output_attn_res_proj, self.eps))
+        return (out, torch.cat(captured, dim=-1)) if self.layers_to_capture else out

@@ -132,10 +132,22 @@ class ReferenceK3:
 
     @torch.no_grad()
     def logits(self, ids: list[int]) -> torch.Tensor:
+        return self._walk(ids, ())[0]
+
+    @torch.no_grad()
+    def captured_streams(self, ids: list[int], layer_ids: tuple[int, ...]) -> torch.Tensor:
+        """[T, len(layer_ids) * H]: the stream after each of these (increasing) layers as its next reader mixes it
+        (layer i+1's attention-side AttnRes read, the output read after the last layer), pre-norm."""
+        return self._walk(ids, tuple(layer_ids))[1]
+
+    def _walk(self, ids: list[int], capture: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
         cfg = self.cfg
         live = self._t("model.embed_tokens.weight")[torch.tensor(ids)]
         bank: list[torch.Tensor] = []
+        captured: list[torch.Tensor] = []
         for i in range(cfg.num_layers):
+            if i - 1 in capture:
+                captured.append(live if not bank else self._read(bank, live, f"model.layers.{i}.self_attention"))
             pre = f"model.layers.{i}."
             h = live if not bank else self._read(bank, live, pre + "self_attention")
             if cfg.attn_res.is_block_start(i):
@@ -146,8 +158,11 @@ class ReferenceK3:
             live = a if live is None else live + a
             h2 = _rms(self._read(bank, live, pre + "mlp"), self._t(pre + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
             live = live + (self._moe(h2, pre + "block_sparse_moe.") if cfg.moe.is_moe_layer(i) else self._mlp(h2, pre + "mlp."))
-        out = _rms(self._read(bank, live, "model.output_attn"), self._t("model.norm.weight"), cfg.rms_norm_eps)
-        return out @ self._t("lm_head.weight").T
+        mixed = self._read(bank, live, "model.output_attn")
+        if cfg.num_layers - 1 in capture:
+            captured.append(mixed)
+        out = _rms(mixed, self._t("model.norm.weight"), cfg.rms_norm_eps)
+        return out @ self._t("lm_head.weight").T, (torch.cat(captured, dim=-1) if capture else None)
 
     def routing_margins(self, ids: list[int]) -> torch.Tensor:
         """[T]: per position, the smallest gap over the MoE layers between the k-th and (k+1)-th biased expert

@@ -87,6 +87,19 @@ class KimiK3ForConditionalGeneration(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
 
+    def set_dspark_layers_to_capture(self, layer_ids: list[int]) -> None:
+        """SGLang's draft-model seam (its K3 has the same method): every forward hands the LogitsProcessor the
+        streams after these layers, [T, len(layer_ids) * H] in layer order (K3Model's docstring), which it returns
+        as `hidden_states` when the batch's capture_hidden_mode asks. Whole model only (no pipeline stage)."""
+        ids = [int(i) for i in layer_ids]
+        if self.stage != StageRange.whole(self.k3.num_layers):
+            raise RuntimeError("capturing hidden states for a draft model needs the whole model on this rank "
+                               f"(pipeline stage {self.stage})")
+        if not ids or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] >= self.k3.num_layers:
+            raise ValueError(f"layers to capture must be increasing layer ids in 0..{self.k3.num_layers - 1}, "
+                             f"got {ids}")
+        self.model.layers_to_capture = tuple(ids)
+
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch, input_embeds=None,
                 inputs_embeds=None, pp_proxy_tensors=None, get_embedding: bool = False, **_):
@@ -110,6 +123,8 @@ class KimiK3ForConditionalGeneration(nn.Module):
             from sglang.srt.model_executor.forward_batch_info import PPProxyTensors
 
             return PPProxyTensors(pack_carry(*out))
+        if self.model.layers_to_capture:
+            return self.logits_processor(input_ids, out[0], self.lm_head, forward_batch, out[1])
         return self.logits_processor(input_ids, out, self.lm_head, forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

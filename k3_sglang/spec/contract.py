@@ -85,7 +85,52 @@ def contract_refusals(args, portable: bool | None = None) -> list[str]:
                 reasons.append(f"--speculative-algorithm K3_CSV with {flag} {value}: its TARGET_VERIFY does not read "
                                f"SGLang's ragged verify layout, and K3_CSV verifies chains of different lengths "
                                f"(served with SGLang's K3: {shown})")
+    return reasons + draft_refusals(args)
+
+
+def draft_refusals(args, environ=None) -> list[str]:
+    """Why K3_SPEC_DRAFTER=checkpoint cannot serve this command line (empty for other drafters): a bad draft
+    checkpoint (config.json, tensor names and shapes), one that does not fit the target's config (hidden size,
+    vocabulary, target_layer_ids), or a pipeline (the target's hidden states are captured on a whole-model rank)."""
+    from k3_sglang.spec.settings import SpecSettings
+
+    try:
+        spec = SpecSettings.from_env(environ)
+    except ValueError:
+        return []  # reported by the settings' own check
+    if spec.drafter != "checkpoint" or not spec.draft_path or not os.path.isdir(spec.draft_path):
+        return []
+    from k3_sglang.spec.drafters.draft_checkpoint import check_draft_files, target_mismatches
+
+    try:
+        config = check_draft_files(spec.draft_path)
+    except ValueError as exc:
+        return [f"K3_SPEC_DRAFT_PATH: {exc}"]
+    reasons = []
+    pp = int(getattr(args, "pp_size", 1) or 1)
+    if pp > 1:
+        reasons.append(f"K3_SPEC_DRAFTER=checkpoint with --pp-size {pp}: the draft reads the target's hidden states, "
+                       "captured on a rank that runs the whole model (no pipeline yet)")
+    target = _target_shapes(getattr(args, "model_path", None))
+    if target is not None:
+        reasons += [f"K3_SPEC_DRAFT_PATH {spec.draft_path}: {m}" for m in target_mismatches(config, *target)]
     return reasons
+
+
+def _target_shapes(model_path) -> tuple[int, int, int] | None:
+    """(hidden_size, vocab_size, num_layers) of a local K3 checkpoint, None when it is no readable local K3."""
+    path = Path(str(model_path)) if model_path else None
+    if path is None or not (path / "config.json").is_file():
+        return None
+    try:
+        data = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    try:
+        return int(text["hidden_size"]), int(text["vocab_size"]), int(text["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def check_loaded_model(model_config) -> None:

@@ -67,8 +67,9 @@ class StepPolicy:
     drafter and its calibration are shared; hysteresis and probing are per request set (GroupState), so
     microbatches of other requests do not steer each other's mode."""
 
-    def __init__(self, settings: SpecSettings, gamma: int, vocab_size: int):
+    def __init__(self, settings: SpecSettings, gamma: int, vocab_size: int, target=None):
         self.settings, self.gamma, self.vocab_size = settings, gamma, vocab_size
+        self.target = target  # the checkpoint drafter's TargetHeads (spec/drafters/checkpoint.py)
         self._drafter = None
         self._cost = None
         self._groups: dict[int, GroupState] = {}
@@ -81,7 +82,7 @@ class StepPolicy:
             s = self.settings
             self._drafter = build_drafter(s.drafter, oracle_path=s.oracle, profile=s.profile, seed=s.seed,
                                           vocab_size=self.vocab_size, lookup_window=s.lookup_window,
-                                          prior_path=s.prior)
+                                          prior_path=s.prior, draft_path=s.draft_path, target=self.target)
         return self._drafter
 
     def group(self, group: int = 0) -> GroupState:

@@ -2,8 +2,10 @@
 
 The `spec` section of the worker processes' settings (`WorkerSettings.spec`, model/settings.py), parsed once per
 process from the environment `k3 serve` hands SGLang's workers:
-- K3_SPEC_DRAFTER: `lookup` (default; prompt lookup over the request's own context, confidence calibrated online)
-  or `controlled` (replays a reference continuation with a known per-request acceptance; tests and benchmarks).
+- K3_SPEC_DRAFTER: `lookup` (default; prompt lookup over the request's own context, confidence calibrated online),
+  `controlled` (replays a reference continuation with a known per-request acceptance; tests and benchmarks) or
+  `checkpoint` (a DSpark-style draft model with a confidence head, read from K3_SPEC_DRAFT_PATH).
+- K3_SPEC_DRAFT_PATH: the checkpoint drafter's directory (config.json + *.safetensors, spec/drafters/draft_checkpoint.py).
 - K3_SPEC_VERIFY_MODE: `compact` (default; the planner picks each step's verify lengths and falls back to plain
   decoding when the cost model says speculation does not pay), `static` (verify every drafted token: the
   verify-all baseline) or `decode` (never verify: the no-spec arm through the same worker, for profiling).
@@ -19,7 +21,8 @@ process from the environment `k3 serve` hands SGLang's workers:
 - K3_SPEC_FORCE_VERIFY_LEN: profiling only: verify exactly this many tokens per request every step (drafts padded
   by repeating the root), whatever the drafter proposes.
 Value checks (choices, integers, bounds) happen at parse; `ready()` adds what only a K3_CSV server needs (the
-controlled drafter's oracle, the files named exist, the prior parses).
+controlled drafter's oracle, the checkpoint drafter's directory, the files named exist, the prior parses); the draft
+checkpoint itself is checked against the target by `spec/contract.py`'s `draft_refusals`.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from pydantic import Field
 from k3_sglang.env_settings import EnvModel
 
 ALGORITHM = "K3_CSV"
-Drafter = Literal["lookup", "controlled"]
+Drafter = Literal["lookup", "controlled", "checkpoint"]
 VerifyMode = Literal["compact", "static", "decode"]
 DEFAULT_LOOKUP_WINDOW = 65536  # tokens; about 60 MB of index per request at most (spec/drafters/lookup.py)
 
@@ -49,11 +52,16 @@ class SpecSettings(EnvModel):
     lookup_window: int = Field(DEFAULT_LOOKUP_WINDOW, ge=0)
     force_verify_len: int | None = Field(None, ge=1)
     prior: str | None = None
+    draft_path: str | None = None
 
     def ready(self) -> "SpecSettings":
         """Self, once the files K3_CSV will open are there (ValueError naming the setting otherwise)."""
         if self.drafter == "controlled" and not self.oracle:
             raise ValueError("K3_SPEC_DRAFTER=controlled needs K3_SPEC_ORACLE (a JSONL of input_ids/output_ids)")
+        if self.drafter == "checkpoint" and not self.draft_path:
+            raise ValueError("K3_SPEC_DRAFTER=checkpoint needs K3_SPEC_DRAFT_PATH (a draft checkpoint directory)")
+        if self.draft_path and not os.path.isdir(self.draft_path):
+            raise ValueError(f"K3_SPEC_DRAFT_PATH: no such directory {self.draft_path}")
         for name, path in (("K3_SPEC_COST_TABLE", self.cost_table), ("K3_SPEC_ORACLE", self.oracle),
                            ("K3_SPEC_PRIOR", self.prior)):
             if path and not os.path.isfile(path):

@@ -12,6 +12,8 @@
    into the KDA pools (spec/contract.py: the same two calls for SGLang's K3 and the portable model), and the
    accepted drafts plus the bonus token go back to the scheduler (stride = chain width). Rejected rows' KV slots
    stay reserved past the committed length and are overwritten by the next step.
+With the checkpoint drafter (a draft model) every target forward of steps 1-4 also returns the target's hidden states
+at the draft's layers (`capture_hidden_mode`, spec/root_capture.py), and the draft runs inside the policy's step 2.
 """
 from __future__ import annotations
 
@@ -51,16 +53,27 @@ class K3SpecWorker(BaseSpecWorker):
         self.speculative_num_draft_tokens = self.width
         self.settings = spec_settings()
         vocab = int(self.model_runner.model_config.vocab_size)
-        self.policy = StepPolicy(self.settings, self.width - 1, vocab)
+        self.capture = None  # the checkpoint drafter's root hidden states (spec/root_capture.py)
+        if self.settings.drafter == "checkpoint":
+            from k3_sglang.spec.root_capture import RootCapture, target_heads
+
+            target = target_heads(self.model_runner.model, self.model_runner.model_config)
+            self.policy = StepPolicy(self.settings, self.width - 1, vocab, target)
+            self.capture = RootCapture(self.model_runner.model, lambda: self.policy.drafter)
+        else:
+            self.policy = StepPolicy(self.settings, self.width - 1, vocab)
         self.tp_group = get_tp_group()
         self.recorder = StepRecorder(self.settings.record, rank=self.tp_group.rank_in_group)
         self.context_len = int(self.model_runner.model_config.context_len)
         logger.info("K3_CSV: chain width %d, drafter %s, verify mode %s", self.width, self.settings.drafter,
                     self.settings.verify_mode)
 
+    def _capture_mode(self, verify: bool = False):
+        return None if self.capture is None else self.capture.mode(verify)
+
     @property
     def draft_worker(self):
-        return None  # drafts come from the request's own context (spec/drafters), no draft model
+        return None  # drafts come from spec/drafters in this worker (a draft model too), no SGLang draft worker
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
@@ -78,7 +91,10 @@ class K3SpecWorker(BaseSpecWorker):
         return self._extend_round(batch, on_publish, pp_proxy_tensors)
 
     def _extend_round(self, batch, on_publish, pp_proxy_tensors) -> GenerationBatchResult:
-        res = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
+        res = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors,
+                                                           capture_hidden_mode=self._capture_mode())
+        if self.capture is not None:
+            self.capture.after_one_token(batch.reqs, res.logits_output)
         new_seq_lens = batch.seq_lens.clone()
         if on_publish is not None:
             on_publish(new_seq_lens)
@@ -119,7 +135,10 @@ class K3SpecWorker(BaseSpecWorker):
         """One token per request at its committed position (SGLang reserved the slots in req_to_token)."""
         seq = batch.seq_lens
         to_plain_decode(batch, self.req_to_token_pool.req_to_token, self.device)
-        res = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
+        res = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors,
+                                                           capture_hidden_mode=self._capture_mode())
+        if self.capture is not None:
+            self.capture.after_one_token(batch.reqs, res.logits_output)
         out = res.logits_output
         if out is not None and out.next_token_logprobs is not None:  # speculative results hold a list per request
             out.next_token_logprobs = out.next_token_logprobs.view(len(batch.reqs), 1)
@@ -130,7 +149,8 @@ class K3SpecWorker(BaseSpecWorker):
         bs = len(batch.reqs)
         spec = to_verify(batch, self.req_to_token_pool.req_to_token, lens, drafts, self.width, self.device)
         ids = batch.input_ids
-        res = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=True)
+        res = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=True,
+                                                           capture_hidden_mode=self._capture_mode(verify=True))
         logits = res.logits_output.next_token_logits
         if logits.shape[0] != spec.layout.num_tokens:
             raise RuntimeError(f"K3_CSV verify: {logits.shape[0]} logit rows for {spec.layout.num_tokens} verified "
@@ -139,6 +159,8 @@ class K3SpecWorker(BaseSpecWorker):
         accept_lens = torch.tensor(commit_lens, dtype=torch.int32, device=self.device)
         accept_index = commit_after_verify(self._target_worker, batch, accept_lens, self.width)
         self.policy.observe(batch.reqs, lens, commit_lens)
+        if self.capture is not None:
+            self.capture.after_verify(batch.reqs, res.logits_output, lens, commit_lens)
         next_ids = torch.zeros(bs, self.width, dtype=torch.int32)
         for i, out in enumerate(outs):
             next_ids[i, : len(out)] = torch.tensor(out, dtype=torch.int32)

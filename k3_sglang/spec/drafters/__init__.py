@@ -1,8 +1,10 @@
-"""Drafters of K3_CSV that need no trained model (pure python + numpy).
+"""Drafters of K3_CSV.
 
 - `lookup`: prompt lookup over the request's own context, confidence calibrated online (lookup.py, calibrate.py).
 - `controlled`: replays a reference continuation with a known acceptance q (controlled.py; tests and benchmarks).
-The DSpark-style checkpoint drafter (draft_checkpoint.py, torch) needs target hidden states and is not built here.
+- `checkpoint`: a DSpark-style draft model with a confidence head (checkpoint.py over draft_checkpoint.py, torch),
+  fed the target's hidden states at every root by the worker (spec/root_capture.py).
+The first two are pure python + numpy; torch is imported only for `checkpoint`.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from k3_sglang.spec.drafters.calibrate import BetaBucketCalibrator, CalibratorCo
 from k3_sglang.spec.drafters.controlled import ControlledConfig, ControlledDrafter, load_oracle
 from k3_sglang.spec.drafters.lookup import DEFAULT_WINDOW, LookupConfig, LookupDrafter
 
-DRAFTER_KINDS = ("lookup", "controlled")
+DRAFTER_KINDS = ("lookup", "controlled", "checkpoint")
 
 __all__ = ["DraftBlock", "DraftRequest", "Drafter", "LookupDrafter", "ControlledDrafter", "BetaBucketCalibrator",
            "build_drafter", "DRAFTER_KINDS"]
@@ -28,9 +30,12 @@ def build_drafter(
     vocab_size: int | None = None,
     prior_path: str | None = None,
     lookup_window: int = DEFAULT_WINDOW,
+    draft_path: str | None = None,
+    target=None,
 ) -> Drafter:
-    """A drafter by kind: "lookup" (prior_path: optional saved calibrator JSON) or "controlled" (oracle_path and
-    vocab_size required). Bad kind or inputs -> ValueError with a clear message."""
+    """A drafter by kind: "lookup" (prior_path: optional saved calibrator JSON), "controlled" (oracle_path and
+    vocab_size required) or "checkpoint" (draft_path, a DSpark-style draft checkpoint directory, and target, the
+    serving model's `TargetHeads`). Bad kind or inputs -> ValueError with a clear message."""
     if kind == "lookup":
         calibrator = BetaBucketCalibrator.load(prior_path) if prior_path else BetaBucketCalibrator(CalibratorConfig())
         return LookupDrafter(LookupConfig(window=lookup_window), calibrator)
@@ -43,8 +48,11 @@ def build_drafter(
             raise ValueError("controlled drafter needs vocab_size (corrupted drafts wrap modulo the vocabulary)")
         return ControlledDrafter.from_file(oracle_path, ControlledConfig(profile=profile, seed=seed, vocab_size=int(vocab_size)))
     if kind == "checkpoint":
-        raise ValueError(
-            "drafter kind 'checkpoint' is not served: it needs the target's hidden states each step; load it with "
-            "k3_sglang.spec.drafters.draft_checkpoint.load_draft_checkpoint (see its docstring)"
-        )
+        if not draft_path:
+            raise ValueError("checkpoint drafter needs a draft checkpoint directory (K3_SPEC_DRAFT_PATH)")
+        if target is None:
+            raise ValueError("checkpoint drafter needs the target model's embedding and lm_head (a K3_CSV worker)")
+        from k3_sglang.spec.drafters.checkpoint import CheckpointDrafter
+
+        return CheckpointDrafter.load(draft_path, target)
     raise ValueError(f"unknown drafter kind {kind!r}; expected one of {', '.join(DRAFTER_KINDS)}")

@@ -1,4 +1,4 @@
-"""Loader path for a DSpark-style draft checkpoint with a confidence head (GPU deployments; NOT served here).
+"""Loader and reference forward of a DSpark-style draft checkpoint with a confidence head (K3_SPEC_DRAFTER=checkpoint).
 
 What it reads (learned from SGLang 0.5.23 `models/dspark.py`, `models/dflash.py`,
 `speculative/dspark_components/dspark_config.py`; no code copied):
@@ -18,15 +18,18 @@ What it reads (learned from SGLang 0.5.23 `models/dspark.py`, `models/dflash.py`
   embed_tokens.weight / lm_head.weight [V, H] are shared with the target in SGLang (skipped there); here they may be
   in the checkpoint or passed by the caller.
 
-The module (`DSparkStyleDraft`) is a small reference forward for tests and a future GPU drafter: from the target's
-hidden states at each root [N, C*H] and the root tokens [N] it drafts gamma tokens per request with per-token
-confidence sigmoid(confidence_head). Simplifications against SGLang's draft (honest list): attention runs only
-inside the block [projected context, anchor, gamma mask tokens] (no draft KV cache over the whole prefix), no RoPE,
-no STS temperature, greedy only, no TP. It has never been run against a trained checkpoint.
+The module (`DSparkStyleDraft`) is the draft forward K3_CSV serves with (spec/drafters/checkpoint.py): from the
+target's hidden states at each root [N, C*H] (the streams after `target_layer_ids`, concatenated in layer order, at
+the row whose logits chose the root; spec/root_capture.py) and the root tokens [N] it drafts gamma tokens per request
+with per-token confidence sigmoid(confidence_head), which the planner reads as conditional acceptance.
+Simplifications against SGLang's draft (honest list): attention runs only inside the block [projected context,
+anchor, gamma mask tokens] (no draft KV cache over the whole prefix: only the root's context features are read), no
+RoPE, no STS temperature, greedy only, no TP (the draft runs whole on every rank), float32. It has been served and
+tested only with tiny random checkpoints, never with a trained one, so nothing here says how a trained DSpark draft
+would accept.
 
-What a GPU deployment would pass: the checkpoint directory, the target's embed/lm_head weights, and each step the
-hidden states of `target_layer_ids` at every request's root (the lead's K3_CSV worker does not capture them today;
-the CPU server uses the lookup / controlled drafters, and `build_drafter("checkpoint")` refuses with a message).
+`check_draft_files` validates a checkpoint from its headers (start-up refusals); `target_mismatches` says why a draft
+cannot read a target (hidden size, vocabulary, target_layer_ids).
 """
 from __future__ import annotations
 
@@ -215,55 +218,96 @@ class DSparkStyleDraft(nn.Module):
         return torch.stack(tokens, 1), torch.stack(conf, 1)
 
 
+def read_draft_config(path: str) -> DraftCheckpointConfig:
+    """`path`/config.json parsed and checked (clear ValueError: missing, not JSON, missing keys, bad values)."""
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise ValueError(f"draft checkpoint: no config.json in {path}")
+    try:
+        with open(cfg_path) as fh:
+            return DraftCheckpointConfig.from_dict(json.load(fh), cfg_path)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"draft checkpoint {cfg_path}: not JSON ({exc})") from None
+
+
+def _read_tensors(path: str, load: bool) -> dict[str, Any]:
+    """name (leading "model." stripped) -> tensor (load) or its shape tuple from the safetensors header."""
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ValueError(f"draft checkpoint: no *.safetensors in {path}")
+    out: dict[str, Any] = {}
+    for f in files:
+        try:
+            with safe_open(f, framework="pt") as fh:
+                for name in fh.keys():
+                    key = name.removeprefix("model.")
+                    out[key] = fh.get_tensor(name) if load else tuple(fh.get_slice(name).get_shape())
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise ValueError(f"draft checkpoint: cannot read {f} ({exc})") from None
+    return out
+
+
+def _check_names_and_shapes(path: str, config: DraftCheckpointConfig, shapes: dict[str, tuple[int, ...]],
+                            heads_optional: bool) -> None:
+    expected = config.expected_shapes()
+    V, H = config.vocab_size, config.hidden_size
+    heads = {"embed_tokens.weight": (V, H), "lm_head.weight": (V, H)}
+    expected.update({n: s for n, s in heads.items() if n in shapes or not heads_optional})
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"draft checkpoint {path}: missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}, "
+                         f"unexpected tensors {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}")
+    wrong = [f"{n} {tuple(shapes[n])} != {shape}" for n, shape in expected.items() if tuple(shapes[n]) != shape]
+    if wrong:
+        raise ValueError(f"draft checkpoint {path}: wrong shapes: {'; '.join(wrong[:8])}")
+
+
+def check_draft_files(path: str) -> DraftCheckpointConfig:
+    """The config, once config.json parses and every tensor's name and shape in the safetensors headers is right
+    (no tensor data read; embed_tokens / lm_head may be absent: the target's). Clear ValueError otherwise."""
+    config = read_draft_config(path)
+    _check_names_and_shapes(path, config, _read_tensors(path, load=False), heads_optional=True)
+    return config
+
+
+def target_mismatches(config: DraftCheckpointConfig, hidden_size: int, vocab_size: int, num_layers: int) -> list[str]:
+    """Why this draft cannot read this target (empty when it can): it shares the target's embedding and lm_head
+    (same hidden size and vocabulary) and reads the streams after target_layer_ids (increasing, in range)."""
+    out = []
+    if config.hidden_size != int(hidden_size):
+        out.append(f"draft hidden_size {config.hidden_size} != the target's {hidden_size}")
+    if config.vocab_size != int(vocab_size):
+        out.append(f"draft vocab_size {config.vocab_size} != the target's {vocab_size}")
+    ids = list(config.target_layer_ids)
+    if ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] >= int(num_layers):
+        out.append(f"draft target_layer_ids {ids} must be increasing layer ids of the target (0..{num_layers - 1})")
+    return out
+
+
 def load_draft_checkpoint(
     path: str,
     *,
     embed_weight: torch.Tensor | None = None,
     lm_head_weight: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
 ) -> DSparkStyleDraft:
-    """Parse `path`/config.json, read and validate `path`/*.safetensors (names and shapes), build the module.
-    embed_weight / lm_head_weight [V, H]: the target's, used when the checkpoint has none. Clear ValueError on a bad
-    checkpoint (missing config or keys, missing / unexpected / mis-shaped tensors)."""
-    from safetensors import safe_open
-
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise ValueError(f"draft checkpoint: no config.json in {path}")
-    try:
-        with open(cfg_path) as fh:
-            config = DraftCheckpointConfig.from_dict(json.load(fh), cfg_path)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"draft checkpoint {cfg_path}: not JSON ({exc})") from None
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise ValueError(f"draft checkpoint: no *.safetensors in {path}")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            with safe_open(f, framework="pt") as fh:
-                for name in fh.keys():
-                    tensors[name.removeprefix("model.")] = fh.get_tensor(name)
-        except Exception as exc:  # safetensors raises its own error types for corrupt headers
-            raise ValueError(f"draft checkpoint: cannot read {f} ({exc})") from None
+    """Parse `path`/config.json, read and validate `path`/*.safetensors (names and shapes), build the module on
+    `device`. embed_weight / lm_head_weight [V, H]: the target's, used when the checkpoint has none. Clear
+    ValueError on a bad checkpoint (missing config or keys, missing / unexpected / mis-shaped tensors, NaN/inf)."""
+    config = read_draft_config(path)
+    tensors = _read_tensors(path, load=True)
     for name, given in (("embed_tokens.weight", embed_weight), ("lm_head.weight", lm_head_weight)):
         if name not in tensors:
             if given is None:
-                raise ValueError(f"draft checkpoint: {name} is neither in the checkpoint nor passed (the target's)")
+                raise ValueError(f"draft checkpoint: {name} is neither in the checkpoint nor passed (the target's; "
+                                 "a target that shards it over TP ranks cannot lend it)")
             tensors[name] = given
-    expected = config.expected_shapes()
-    V, H = config.vocab_size, config.hidden_size
-    expected.update({"embed_tokens.weight": (V, H), "lm_head.weight": (V, H)})
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"draft checkpoint {path}: missing tensors {missing[:8]}{'...' if len(missing) > 8 else ''}, "
-                         f"unexpected tensors {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}")
-    wrong = [f"{n} {tuple(tensors[n].shape)} != {shape}" for n, shape in expected.items()
-             if tuple(tensors[n].shape) != shape]
-    if wrong:
-        raise ValueError(f"draft checkpoint {path}: wrong shapes: {'; '.join(wrong[:8])}")
+    _check_names_and_shapes(path, config, {n: tuple(t.shape) for n, t in tensors.items()}, heads_optional=False)
     bad = [n for n, t in tensors.items() if not torch.isfinite(t.float()).all()]
     if bad:
         raise ValueError(f"draft checkpoint {path}: non-finite values in {bad[:8]}")
-    return DSparkStyleDraft(config, {n: t.to(dtype) for n, t in tensors.items()})
+    return DSparkStyleDraft(config, {n: t.to(device=device, dtype=dtype) for n, t in tensors.items()})
