@@ -1,7 +1,12 @@
 """Per-step decisions of K3_CSV: which requests may speculate, their drafts, and each one's verify length.
 
-A batch speculates only when every request is plain greedy (no logprobs, grammar, penalties, logit bias, custom
-logit processors or sampling): the others are served by plain decode steps, never refused. A request's cap is
+Who speculates: greedy requests (accepted by argmax, what SGLang's sampler picks) and sampled ones (temperature,
+top-k, top-p, min-p: accepted by the speculative-sampling rule over SGLang's own sampling transforms,
+spec/sampled_verify.py). A batch holding any request K3_CSV cannot verify is served by plain decode steps, never
+refused: logprobs, grammars (structured output), penalties (frequency, presence, repetition, min-new-tokens), logit
+bias, custom logit processors, watermarking, sampling-mask capture, and SGLang's deterministic inference (its
+seeded, batch-invariant sampler), whose transforms either run between the logits and the sampler or depend on the
+tokens already emitted, which a chain's later rows do not have. A request's cap is
 min(chain width, 1 + drafted tokens, tokens it may still emit, context left). The planner (spec/planner.py)
 turns the drafts' survival probabilities and the step-cost model into lengths; `static` verifies every cap
 (verify-all), `decode` never verifies. Under TP every rank takes TP rank 0's lengths and drafts.
@@ -34,16 +39,21 @@ PROBE_EVERY = 4  # then it drafts and plans on one step in this many
 
 
 def speculation_allowed(batch) -> bool:
-    """True when greedy argmax over raw logits is exactly what SGLang's sampler would pick for every request."""
+    """True when K3_CSV can verify every request of the batch as SGLang's sampler would draw its tokens: greedy ones
+    by argmax over raw logits, sampled ones by rejection sampling (module docstring: what falls back)."""
     info = batch.sampling_info
-    if batch.return_logprob or batch.has_grammar or info is None or not info.is_all_greedy:
+    if batch.return_logprob or batch.has_grammar or info is None:
         return False
     orchestrator = info.penalizer_orchestrator
     if orchestrator is not None and orchestrator.is_required:
         return False
     if info.logit_bias is not None or info.has_custom_logit_processor or info.grammars is not None:
         return False
-    return not getattr(info, "has_watermark_candidates", False)
+    if getattr(info, "has_watermark_candidates", False):
+        return False
+    if info.is_all_greedy:
+        return True
+    return getattr(info, "sampling_seed", None) is None and getattr(info, "sampling_mask_batch_indices", None) is None
 
 
 def remaining_tokens(req) -> int:

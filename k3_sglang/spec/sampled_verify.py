@@ -1,0 +1,77 @@
+"""Sampled verification for K3_CSV: SGLang's sampling transforms on the verify logits, then the rejection rule.
+
+The target distribution of a verified row is what SGLang's sampler would draw the next token from in a plain
+decode step, built with SGLang's own helpers: `sglang.kernels.ops.sampling.softmax` with the request's
+temperature, then, when the batch needs top-k / top-p / min-p, SGLang's renorm kernels where the platform has them
+(as SGLang's EAGLE verify does; min-p after them, as its flashinfer sampler applies it) or else the filter of its
+pytorch sampling backend (`top_k_top_p_min_p_sampling_from_probs_torch`, the one CPU serving samples with).
+Greedy requests of a mixed batch (top_k <= 1) keep greedy acceptance on the raw logits, token for token.
+"""
+from __future__ import annotations
+
+import torch
+
+from k3_sglang.spec.accept import accept_greedy
+from k3_sglang.spec.rejection import request_coins, speculative_sample
+
+
+def filtered_probs(logits: torch.Tensor, info, rows_per_request: torch.Tensor) -> torch.Tensor:
+    """logits [T, V] (raw, packed request after request), info SGLang's SamplingBatchInfo of B requests,
+    rows_per_request [B] int (sum T) -> target probabilities [T, V] float32 (rows sum to 1)."""
+    from sglang.kernels.ops.sampling import softmax as sampler_softmax
+
+    def per_row(x: torch.Tensor) -> torch.Tensor:
+        return torch.repeat_interleave(x, rows_per_request.to(x.device), dim=0)
+
+    probs = sampler_softmax(logits.float(), temperatures=per_row(info.temperatures.view(-1, 1)).float())
+    if not (info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling):
+        return probs
+    from sglang.kernels.ops.sampling.renorm import top_k_renorm_prob, top_p_renorm_prob
+
+    top_ks, top_ps, min_ps = per_row(info.top_ks), per_row(info.top_ps), per_row(info.min_ps)
+    if top_k_renorm_prob is not None and top_p_renorm_prob is not None:
+        if info.need_top_k_sampling:
+            probs = top_k_renorm_prob(probs, top_ks)
+        if info.need_top_p_sampling:
+            probs = top_p_renorm_prob(probs, top_ps)
+        if info.need_min_p_sampling:
+            probs = probs.masked_fill(probs < probs.max(dim=-1, keepdim=True).values * min_ps[:, None], 0.0)
+        return probs / probs.sum(dim=-1, keepdim=True)
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+
+    _, sorted_probs, sorted_idx, _ = top_k_top_p_min_p_sampling_from_probs_torch(
+        probs, top_ks, top_ps, min_ps, info.need_min_p_sampling, None, None, return_filtered_probs=True)
+    kept = torch.zeros_like(probs).scatter_(-1, sorted_idx.long(), sorted_probs)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def accept_sampled(logits: torch.Tensor, tokens: torch.Tensor, verify_lens: list[int], reqs, info,
+                   seq_lens: list[int]) -> tuple[list[int], list[list[int]]]:
+    """logits [T, V] raw verify logits, tokens [T] the packed rows (root, drafts...) of B requests with
+    verify_lens [B], reqs (their SGLang Reqs: sampling params and seeds), info their SamplingBatchInfo, seq_lens [B]
+    committed lengths (the seeded coins' position) -> (commit_lens [B], out tokens per request), as accept_greedy.
+
+    Sampled requests get the rejection rule with point-mass drafts; greedy ones (top_k <= 1) greedy acceptance."""
+    bs, width = len(verify_lens), max(verify_lens)
+    lens_t = torch.tensor(verify_lens, dtype=torch.int64)
+    probs = filtered_probs(logits, info, lens_t).cpu()
+    qo = [0]
+    for n in verify_lens:
+        qo.append(qo[-1] + n)
+    grid = torch.zeros(bs, width, probs.shape[-1], dtype=probs.dtype)
+    drafts = torch.zeros(bs, max(width - 1, 0), dtype=torch.int64)
+    toks = tokens.cpu().to(torch.int64)
+    for b, n in enumerate(verify_lens):
+        grid[b, :n] = probs[qo[b]: qo[b + 1]]
+        drafts[b, : n - 1] = toks[qo[b] + 1: qo[b + 1]]
+    seeds = [r.sampling_params.sampling_seed for r in reqs]
+    accept_coins, final_coins = request_coins(seeds, seq_lens, width)
+    commit, out = speculative_sample(grid, drafts, lens_t, accept_coins, final_coins)
+    commit_lens = [int(c) for c in commit]
+    outs = [[int(t) for t in out[b, : c]] for b, c in enumerate(commit_lens)]
+    greedy = [b for b, r in enumerate(reqs) if r.sampling_params.top_k <= 1]
+    if greedy:
+        g_lens, g_outs = accept_greedy(torch.argmax(logits, -1), tokens, verify_lens)
+        for b in greedy:
+            commit_lens[b], outs[b] = g_lens[b], g_outs[b]
+    return commit_lens, outs
