@@ -4,12 +4,13 @@ Who speculates: greedy requests (accepted by argmax, what SGLang's sampler picks
 top-k, top-p, min-p: accepted by the speculative-sampling rule over SGLang's own sampling transforms,
 spec/sampled_verify.py). A batch holding any request K3_CSV cannot verify is served by plain decode steps, never
 refused: logprobs, grammars (structured output), penalties (frequency, presence, repetition, min-new-tokens), logit
-bias, custom logit processors, watermarking, sampling-mask capture, and SGLang's deterministic inference (its
-seeded, batch-invariant sampler), whose transforms either run between the logits and the sampler or depend on the
-tokens already emitted, which a chain's later rows do not have. A request's cap is
-min(chain width, 1 + drafted tokens, tokens it may still emit, context left). The planner (spec/planner.py)
-turns the drafts' survival probabilities and the step-cost model into lengths; `static` verifies every cap
-(verify-all), `decode` never verifies. Under TP every rank takes TP rank 0's lengths and drafts.
+bias, custom logit processors, watermarking, sampling-mask capture, SGLang's deterministic inference (its seeded,
+batch-invariant sampler) and sampling backends other than pytorch and flashinfer (not mirrored). The others'
+transforms run between the logits and the sampler or depend on the tokens already emitted, which a chain's later
+rows do not have. A request's cap is min(chain width, 1 + drafted tokens, tokens it may still emit, context left).
+The planner (spec/planner.py) turns the drafts' survival probabilities and the step-cost model into lengths;
+`static` verifies every cap (verify-all), `decode` never verifies. Under TP every rank takes TP rank 0's lengths
+and drafts.
 
 Settled plain decoding: once `compact` has planned plain decode steps PROBE_AFTER times in a row, it drafts and
 plans only every PROBE_EVERY-th step and decodes the steps between without asking the drafter or the planner
@@ -38,9 +39,10 @@ PROBE_AFTER = 8  # consecutive planned plain-decode steps before compact only pr
 PROBE_EVERY = 4  # then it drafts and plans on one step in this many
 
 
-def speculation_allowed(batch) -> bool:
+def speculation_allowed(batch, sampled: bool = True) -> bool:
     """True when K3_CSV can verify every request of the batch as SGLang's sampler would draw its tokens: greedy ones
-    by argmax over raw logits, sampled ones by rejection sampling (module docstring: what falls back)."""
+    by argmax over raw logits, sampled ones by rejection sampling when `sampled` (the server's sampling backend is
+    one spec/sampled_verify.py mirrors; module docstring: what falls back)."""
     info = batch.sampling_info
     if batch.return_logprob or batch.has_grammar or info is None:
         return False
@@ -53,7 +55,8 @@ def speculation_allowed(batch) -> bool:
         return False
     if info.is_all_greedy:
         return True
-    return getattr(info, "sampling_seed", None) is None and getattr(info, "sampling_mask_batch_indices", None) is None
+    deterministic = getattr(info, "sampling_seed", None) is not None  # SGLang's deterministic inference
+    return sampled and not deterministic and getattr(info, "sampling_mask_batch_indices", None) is None
 
 
 def remaining_tokens(req) -> int:
@@ -82,6 +85,10 @@ class StepPolicy:
         self._drafter = None
         self._cost = None
         self._groups: dict[int, GroupState] = {}
+        from k3_sglang.spec.sampled_verify import backend_supported, current_sampling_backend
+
+        self.sampling_backend = current_sampling_backend()
+        self.sampled_ok = backend_supported(self.sampling_backend)  # else sampled batches decode plainly
 
     @property
     def drafter(self):
@@ -153,7 +160,7 @@ class StepPolicy:
         bs = len(reqs)
         s = self.settings
         self._forget_departed(reqs, group)
-        if bs == 0 or s.verify_mode == "decode" or not speculation_allowed(batch):
+        if bs == 0 or s.verify_mode == "decode" or not speculation_allowed(batch, self.sampled_ok):
             return [1] * bs, [[] for _ in range(bs)]
         if s.force_verify_len is None and self._skip_planning(group):
             return [1] * bs, [[] for _ in range(bs)]

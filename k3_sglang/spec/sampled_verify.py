@@ -2,9 +2,10 @@
 
 The target distribution of a verified row is what SGLang's sampler would draw the next token from in a plain
 decode step, built with SGLang's own helpers: `sglang.kernels.ops.sampling.softmax` with the request's
-temperature, then, when the batch needs top-k / top-p / min-p, SGLang's renorm kernels where the platform has them
-(as SGLang's EAGLE verify does; min-p after them, as its flashinfer sampler applies it) or else the filter of its
-pytorch sampling backend (`top_k_top_p_min_p_sampling_from_probs_torch`, the one CPU serving samples with).
+temperature, then, when the batch needs top-k / top-p / min-p, the filter of the server's sampling backend: for
+`pytorch` (CPU serving's) that backend's own `top_k_top_p_min_p_sampling_from_probs_torch`; for `flashinfer`
+SGLang's renorm kernels, as its EAGLE verify uses them (min-p after them, as its flashinfer sampler applies it).
+Another backend (a registered custom sampler, Ascend's) is not mirrored: its batches decode plainly.
 Greedy requests of a mixed batch (top_k <= 1) keep greedy acceptance on the raw logits, token for token.
 """
 from __future__ import annotations
@@ -15,9 +16,34 @@ from k3_sglang.spec.accept import accept_greedy
 from k3_sglang.spec.rejection import request_coins, speculative_sample
 
 
-def filtered_probs(logits: torch.Tensor, info, rows_per_request: torch.Tensor) -> torch.Tensor:
+def current_sampling_backend() -> str | None:
+    """The serving process's `--sampling-backend` (None outside an SGLang server process)."""
+    from sglang.srt.runtime_context import get_exec
+
+    try:
+        return get_exec().kernel.sampling_backend
+    except ValueError:  # SGLang's runtime context is not published: no server here
+        return None
+
+
+def backend_supported(backend: str | None) -> bool:
+    """True when filtered_probs mirrors this sampling backend's transforms."""
+    if backend == "pytorch":
+        return True
+    if backend == "flashinfer":
+        from sglang.kernels.ops.sampling.renorm import top_k_renorm_prob, top_p_renorm_prob
+
+        return top_k_renorm_prob is not None and top_p_renorm_prob is not None
+    return False
+
+
+def filtered_probs(logits: torch.Tensor, info, rows_per_request: torch.Tensor,
+                   backend: str = "pytorch") -> torch.Tensor:
     """logits [T, V] (raw, packed request after request), info SGLang's SamplingBatchInfo of B requests,
-    rows_per_request [B] int (sum T) -> target probabilities [T, V] float32 (rows sum to 1)."""
+    rows_per_request [B] int (sum T), backend the server's sampling backend (backend_supported) -> target
+    probabilities [T, V] float32 (rows sum to 1)."""
+    if not backend_supported(backend):
+        raise ValueError(f"K3_CSV sampled verify: sampling backend {backend!r} is not mirrored")
     from sglang.kernels.ops.sampling import softmax as sampler_softmax
 
     def per_row(x: torch.Tensor) -> torch.Tensor:
@@ -26,10 +52,10 @@ def filtered_probs(logits: torch.Tensor, info, rows_per_request: torch.Tensor) -
     probs = sampler_softmax(logits.float(), temperatures=per_row(info.temperatures.view(-1, 1)).float())
     if not (info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling):
         return probs
-    from sglang.kernels.ops.sampling.renorm import top_k_renorm_prob, top_p_renorm_prob
-
     top_ks, top_ps, min_ps = per_row(info.top_ks), per_row(info.top_ps), per_row(info.min_ps)
-    if top_k_renorm_prob is not None and top_p_renorm_prob is not None:
+    if backend == "flashinfer":
+        from sglang.kernels.ops.sampling.renorm import top_k_renorm_prob, top_p_renorm_prob
+
         if info.need_top_k_sampling:
             probs = top_k_renorm_prob(probs, top_ks)
         if info.need_top_p_sampling:
@@ -46,15 +72,16 @@ def filtered_probs(logits: torch.Tensor, info, rows_per_request: torch.Tensor) -
 
 
 def accept_sampled(logits: torch.Tensor, tokens: torch.Tensor, verify_lens: list[int], reqs, info,
-                   seq_lens: list[int]) -> tuple[list[int], list[list[int]]]:
+                   seq_lens: list[int], backend: str = "pytorch") -> tuple[list[int], list[list[int]]]:
     """logits [T, V] raw verify logits, tokens [T] the packed rows (root, drafts...) of B requests with
     verify_lens [B], reqs (their SGLang Reqs: sampling params and seeds), info their SamplingBatchInfo, seq_lens [B]
-    committed lengths (the seeded coins' position) -> (commit_lens [B], out tokens per request), as accept_greedy.
+    committed lengths (the seeded coins' position), backend the server's sampling backend -> (commit_lens [B], out
+    tokens per request), as accept_greedy.
 
     Sampled requests get the rejection rule with point-mass drafts; greedy ones (top_k <= 1) greedy acceptance."""
     bs, width = len(verify_lens), max(verify_lens)
     lens_t = torch.tensor(verify_lens, dtype=torch.int64)
-    probs = filtered_probs(logits, info, lens_t).cpu()
+    probs = filtered_probs(logits, info, lens_t, backend).cpu()
     qo = [0]
     for n in verify_lens:
         qo.append(qo[-1] + n)

@@ -134,7 +134,7 @@ class K3SpecWorker(BaseSpecWorker):
         info = batch.sampling_info
         if info is None or info.is_all_greedy:
             return accept_greedy(torch.argmax(logits, -1), ids, lens)
-        out = accept_sampled(logits, ids, lens, batch.reqs, info, list(seq_lens))
+        out = accept_sampled(logits, ids, lens, batch.reqs, info, list(seq_lens), self.policy.sampling_backend)
         if self.tp_group.world_size > 1:
             out = self.tp_group.broadcast_object(out, src=0)
         return out

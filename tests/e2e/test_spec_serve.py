@@ -1,16 +1,16 @@
 """K3_CSV (confidence-scheduled verification, k3_sglang/spec) end to end on CPU: lossless against no-spec.
 
-The reference is conftest.py's float32 server without speculation. A K3_CSV server with the same flags runs
-the controlled drafter (the reference's own continuations, corrupted per request at K3-like acceptance, profile
-`mix`) in `compact` mode (the planner, on a cost table where verification pays): its greedy outputs must be
-token-identical at concurrency 1 and 16 while it really speculates (verify steps with accepted drafts, read from its per-step
+The reference is conftest.py's float32 server without speculation. A K3_CSV server with the same flags runs the
+controlled drafter (the reference's own continuations, corrupted per request at K3-like acceptance, profile `mix`)
+in `compact` mode (the planner, on a cost table where verification pays): its greedy outputs must be token-identical
+at concurrency 1 and 16 while it really speculates (verify steps with accepted drafts, read from its per-step
 K3_SPEC_RECORD). A second K3_CSV server runs the default prompt-lookup drafter in `static` mode (verify-all) on
-repetitive prompts. Requests the worker must not speculate on (logprobs, sampling) are served by plain decode
-steps, never refused. A PP2 server (K3_CSV inside SGLang's pipeline: the first stage plans, the plan rides the
-proxy, earlier stages commit KDA through SGLang's relay) must match at concurrency 1 and 16 too. SGLang's own K3
-(K3_MODEL_IMPL=sglang on k3_cpu) runs the same K3_CSV worker on the same contract (TARGET_VERIFY into SGLang's
-per-draft scratch, SGLang's commit after acceptance) against its own no-spec server. The slow tier adds TP2/DCP2,
-wider pipelines and SGLang's K3 inside PP2.
+repetitive prompts. Sampled requests are verified by rejection sampling (a min_p = 1 request, a point mass, must
+match the greedy reference); logprob requests are served by plain decode steps, never refused. A PP2 server (K3_CSV
+inside SGLang's pipeline: the first stage plans, the plan rides the proxy, earlier stages commit KDA through
+SGLang's relay) must match at concurrency 1 and 16 too. SGLang's own K3 (K3_MODEL_IMPL=sglang on k3_cpu) runs the
+same K3_CSV worker on the same contract (TARGET_VERIFY into SGLang's per-draft scratch, SGLang's commit after
+acceptance) against its own no-spec server. The slow tier adds TP2/DCP2, wider pipelines and SGLang's K3 inside PP2.
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def test_controlled_drafter_lossless_at_concurrency_16(controlled, references):
     assert any(s["kind"] == "verify" and s["n_reqs"] > 1 for s in steps)
 
 
-def test_logprob_and_sampled_requests_fall_back_to_plain_decode(controlled, server, references):
+def test_logprob_requests_fall_back_to_plain_decode(controlled, server, references):
     proc, record = controlled
     before = len(_records(record))
     got = _generate(proc.url, PROMPTS[2], return_logprob=True)
@@ -132,10 +132,24 @@ def test_logprob_and_sampled_requests_fall_back_to_plain_decode(controlled, serv
     want_lp = [x[0] for x in want["meta_info"]["output_token_logprobs"]]
     assert len(got_lp) == NEW_TOKENS and max(abs(a - b) for a, b in zip(got_lp, want_lp)) < 1e-4
     assert all(s["kind"] == "decode" for s in _records(record)[before:])
-    sampled = _generate(proc.url, PROMPTS[3], sampling={"temperature": 0.8, "top_p": 0.9})
-    assert len(sampled["output_ids"]) == NEW_TOKENS
     short = _generate(proc.url, PROMPTS[4], n=5)  # the remaining-token cap: never more than max_new_tokens
     assert short["output_ids"] == references[4][:5]
+
+
+def _verify_steps(record, before: int) -> list[dict]:
+    return [s for s in _records(record)[before:] if s["kind"] == "verify"]
+
+
+def test_point_mass_sampled_request_is_verified_and_matches_greedy(controlled, references):
+    """Sampled requests speculate (spec/sampled_verify.py). min_p = 1 leaves SGLang's target distribution a point
+    mass on the argmax, so the rejection rule must reproduce the greedy reference token for token while accepting
+    the controlled drafter's drafts."""
+    proc, record = controlled
+    before = len(_records(record))
+    got = _generate(proc.url, PROMPTS[1], sampling={"temperature": 1.0, "min_p": 1.0, "sampling_seed": 5})
+    assert got["output_ids"] == references[1]
+    verify = _verify_steps(record, before)
+    assert verify and sum(s["accepted"] for s in verify) > 0, verify
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +174,18 @@ def test_lookup_drafter_static_mode_lossless(lookup, server):
     verify = [s for s in _records(record) if s["kind"] == "verify"]
     assert verify, "prompt lookup found nothing to draft in prompts that quote the same span four times"
     assert all(s["l_max"] <= 4 for s in verify)
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.8, "top_p": 0.9}, {"temperature": 0.5, "top_k": 2},
+                                      {"temperature": 1.0, "min_p": 0.05}], ids=["top-p", "top-k", "min-p"])
+def test_seeded_sampled_requests_are_verified(lookup, sampling):
+    """A seeded sampled request on a repetitive prompt: prompt lookup drafts it and K3_CSV verifies those drafts by
+    rejection sampling (the random tiny model rarely continues the quoted span, so few are accepted)."""
+    proc, record = lookup
+    before = len(_records(record))
+    out = _generate(proc.url, _repetitive_prompt(5), n=24, sampling={**sampling, "sampling_seed": 11})["output_ids"]
+    assert len(out) == 24 and all(0 <= t < 1024 for t in out)
+    assert _verify_steps(record, before), f"{sampling}: never verified"
 
 
 @pytest.mark.slow

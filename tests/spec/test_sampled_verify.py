@@ -23,7 +23,8 @@ TOP_K_ALL = 1 << 30
 
 def _info(temps, top_ks, top_ps, min_ps):
     return SimpleNamespace(
-        temperatures=torch.tensor(temps, dtype=torch.float32).view(-1, 1), top_ks=torch.tensor(top_ks, dtype=torch.int32),
+        temperatures=torch.tensor(temps, dtype=torch.float32).view(-1, 1),
+        top_ks=torch.tensor(top_ks, dtype=torch.int32),
         top_ps=torch.tensor(top_ps, dtype=torch.float32), min_ps=torch.tensor(min_ps, dtype=torch.float32),
         is_all_greedy=all(k <= 1 for k in top_ks), need_top_k_sampling=any(k != TOP_K_ALL for k in top_ks),
         need_top_p_sampling=any(p != 1.0 for p in top_ps), need_min_p_sampling=any(m > 0 for m in min_ps))
@@ -44,7 +45,7 @@ def _reference(logits, temp, top_k, top_p, min_p):
 
 
 CASES = [(0.7, TOP_K_ALL, 1.0, 0.0), (1.3, 3, 1.0, 0.0), (1.0, TOP_K_ALL, 0.8, 0.0), (0.9, 5, 0.9, 0.0),
-         (1.0, TOP_K_ALL, 1.0, 0.2), (1.0, 1, 1.0, 0.0)]
+         (2.0, TOP_K_ALL, 1.0, 0.1), (1.0, 1, 1.0, 0.0)]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,8 @@ def test_mixed_batch_keeps_greedy_requests_greedy(logits):
     tokens = torch.randint(0, V, (sum(lens),), generator=gen)
     tokens[1], tokens[2] = argmax[0], argmax[1]  # request 0's drafts are right: all accepted, bonus argmax[2]
     info = _info([1.0, 0.8, 1.0], [1, TOP_K_ALL, 1], [1.0, 0.9, 1.0], [0.0, 0.0, 0.0])
-    reqs = [SimpleNamespace(sampling_params=SimpleNamespace(top_k=k, sampling_seed=s)) for k, s in ((1, None), (TOP_K_ALL, 7), (1, None))]
+    reqs = [SimpleNamespace(sampling_params=SimpleNamespace(top_k=k, sampling_seed=s))
+            for k, s in ((1, None), (TOP_K_ALL, 7), (1, None))]
     commit, outs = accept_sampled(packed, tokens, lens, reqs, info, [10, 20, 30])
     g_commit, g_outs = accept_greedy(argmax, tokens, lens)
     assert commit[0] == 3 and outs[0] == argmax[:3].tolist()
@@ -97,3 +99,16 @@ def test_mixed_batch_keeps_greedy_requests_greedy(logits):
     again = accept_sampled(packed, tokens, lens, reqs, info, [10, 20, 30])
     assert again == (commit, outs)  # the sampled request is seeded: same coins at the same position
     assert 1 <= commit[1] <= 2 and len(outs[1]) == commit[1]
+
+
+def test_unmirrored_sampling_backends_are_not_verified(logits):
+    """A backend whose transforms filtered_probs does not mirror (a registered custom sampler, Ascend's) is refused
+    here, and StepPolicy outside a server (no backend known) lets sampled batches decode plainly."""
+    from k3_sglang.spec.policy import StepPolicy
+    from k3_sglang.spec.sampled_verify import backend_supported
+    from k3_sglang.spec.settings import SpecSettings
+
+    assert backend_supported("pytorch") and not backend_supported("token_oracle") and not backend_supported(None)
+    with pytest.raises(ValueError, match="not mirrored"):
+        filtered_probs(logits, _info(*zip(*CASES)), torch.ones(len(CASES), dtype=torch.int64), backend="ascend")
+    assert not StepPolicy(SpecSettings(), gamma=3, vocab_size=V).sampled_ok
