@@ -85,10 +85,23 @@ class StepPolicy:
         self._drafter = None
         self._cost = None
         self._groups: dict[int, GroupState] = {}
-        from k3_sglang.spec.sampled_verify import backend_supported, current_sampling_backend
+        self._sampling_backend: str | None = None
 
-        self.sampling_backend = current_sampling_backend()
-        self.sampled_ok = backend_supported(self.sampling_backend)  # else sampled batches decode plainly
+    @property
+    def sampling_backend(self) -> str | None:
+        """The server's sampling backend (read once SGLang has published its runtime context; None before)."""
+        if self._sampling_backend is None:
+            from k3_sglang.spec.sampled_verify import current_sampling_backend
+
+            self._sampling_backend = current_sampling_backend()
+        return self._sampling_backend
+
+    @property
+    def sampled_ok(self) -> bool:
+        """Sampled requests may speculate: spec/sampled_verify.py mirrors the server's sampling backend."""
+        from k3_sglang.spec.sampled_verify import backend_supported
+
+        return backend_supported(self.sampling_backend)
 
     @property
     def drafter(self):

@@ -5,12 +5,13 @@ controlled drafter (the reference's own continuations, corrupted per request at 
 in `compact` mode (the planner, on a cost table where verification pays): its greedy outputs must be token-identical
 at concurrency 1 and 16 while it really speculates (verify steps with accepted drafts, read from its per-step
 K3_SPEC_RECORD). A second K3_CSV server runs the default prompt-lookup drafter in `static` mode (verify-all) on
-repetitive prompts. Sampled requests are verified by rejection sampling (a min_p = 1 request, a point mass, must
-match the greedy reference); logprob requests are served by plain decode steps, never refused. A PP2 server (K3_CSV
-inside SGLang's pipeline: the first stage plans, the plan rides the proxy, earlier stages commit KDA through
-SGLang's relay) must match at concurrency 1 and 16 too. SGLang's own K3 (K3_MODEL_IMPL=sglang on k3_cpu) runs the
-same K3_CSV worker on the same contract (TARGET_VERIFY into SGLang's per-draft scratch, SGLang's commit after
-acceptance) against its own no-spec server. The slow tier adds TP2/DCP2, wider pipelines and SGLang's K3 inside PP2.
+repetitive prompts. Sampled requests are verified by rejection sampling (min_p = 1 requests, a point mass, must
+match the greedy reference, alone and beside greedy requests, on both models); logprob requests are served by plain
+decode steps, never refused. A PP2 server (K3_CSV inside SGLang's pipeline: the first stage plans, the plan rides
+the proxy, earlier stages commit KDA through SGLang's relay) must match at concurrency 1 and 16 too. SGLang's own K3
+(K3_MODEL_IMPL=sglang on k3_cpu) runs the same K3_CSV worker on the same contract (TARGET_VERIFY into SGLang's
+per-draft scratch, SGLang's commit after acceptance) against its own no-spec server. The slow tier adds TP2/DCP2,
+wider pipelines and SGLang's K3 inside PP2.
 """
 from __future__ import annotations
 
@@ -140,16 +141,29 @@ def _verify_steps(record, before: int) -> list[dict]:
     return [s for s in _records(record)[before:] if s["kind"] == "verify"]
 
 
-def test_point_mass_sampled_request_is_verified_and_matches_greedy(controlled, references):
+POINT_MASS = {"temperature": 1.0, "min_p": 1.0, "sampling_seed": 5}  # a sampled request whose p is the argmax
+
+
+def _check_point_mass_sampling(url: str, record, references: list[list[int]]) -> None:
     """Sampled requests speculate (spec/sampled_verify.py). min_p = 1 leaves SGLang's target distribution a point
     mass on the argmax, so the rejection rule must reproduce the greedy reference token for token while accepting
-    the controlled drafter's drafts."""
-    proc, record = controlled
+    the controlled drafter's drafts: alone, and in mixed batches beside greedy requests (which keep greedy
+    acceptance there)."""
     before = len(_records(record))
-    got = _generate(proc.url, PROMPTS[1], sampling={"temperature": 1.0, "min_p": 1.0, "sampling_seed": 5})
-    assert got["output_ids"] == references[1]
+    assert _generate(url, PROMPTS[1], sampling=POINT_MASS)["output_ids"] == references[1]
     verify = _verify_steps(record, before)
     assert verify and sum(s["accepted"] for s in verify) > 0, verify
+    before = len(_records(record))
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: _generate(url, PROMPTS[i], sampling=POINT_MASS if i % 2 else {})["output_ids"],
+                            range(8)))
+    assert got == references[:8]
+    assert any(s["kind"] == "verify" and s["n_reqs"] > 1 for s in _records(record)[before:])
+
+
+def test_point_mass_sampled_requests_are_verified_and_match_greedy(controlled, references):
+    proc, record = controlled
+    _check_point_mass_sampling(proc.url, record, references)
 
 
 @pytest.fixture(scope="module")
@@ -287,6 +301,7 @@ def test_sglang_k3_verify_lossless_at_concurrency_1_and_16(tiny_dir, sglang_orac
         single = _records(record)
         assert _parallel(proc.url, PROMPTS) == sglang_references
         batched = _records(record)[len(single):]
+        _check_point_mass_sampling(proc.url, record, sglang_references)
     finally:
         proc.stop()
     _check_speculated(single, batched=False)
