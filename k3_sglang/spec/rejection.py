@@ -55,20 +55,20 @@ def speculative_sample(target_probs: torch.Tensor, draft_tokens: torch.Tensor, v
     if draft_tokens.shape != (bs, width - 1) or accept_coins.shape != (bs, width - 1):
         raise ValueError(f"speculative_sample: drafts {tuple(draft_tokens.shape)} and coins "
                          f"{tuple(accept_coins.shape)} for target_probs {tuple(target_probs.shape)}")
-    p = target_probs.to(torch.float64)
+    p = target_probs  # only the gathered entries and rows are taken to float64 (no [B, L, V] float64 copy)
     lens = verify_lens.to(torch.int64).view(bs)
     drafts = draft_tokens.to(torch.int64).clamp(0, vocab - 1)
-    p_draft = torch.gather(p[:, : width - 1], 2, drafts[:, :, None])[:, :, 0]  # [B, L-1] p_j(x_{j+1})
+    p_draft = torch.gather(p[:, : width - 1], 2, drafts[:, :, None])[:, :, 0].to(torch.float64)  # p_j(x_{j+1})
     if draft_probs is None:
         q_draft = torch.ones_like(p_draft)
     else:
-        q_draft = torch.gather(draft_probs.to(torch.float64), 2, drafts[:, :, None])[:, :, 0]
+        q_draft = torch.gather(draft_probs, 2, drafts[:, :, None])[:, :, 0].to(torch.float64)
     # accept with probability min(1, p/q): u < p/q, i.e. u * q < p (q = 0 means the drafter could not draw x)
     accepted = accept_coins.to(torch.float64) * q_draft < p_draft
     valid = torch.arange(width - 1, device=lens.device)[None, :] < (lens[:, None] - 1)
     n_accepted = torch.cumprod((accepted & valid).to(torch.int64), dim=1).sum(dim=1)  # leading accepts [B]
     rows = torch.arange(bs, device=lens.device)
-    p_at = p[rows, n_accepted]  # [B, V] p at the first rejected row, or at the last row (bonus)
+    p_at = p[rows, n_accepted].to(torch.float64)  # [B, V] p at the first rejected row, or at the last row (bonus)
     rejected = n_accepted < lens - 1
     if bool(rejected.any()):
         at = n_accepted.clamp(max=width - 2)
@@ -76,7 +76,7 @@ def speculative_sample(target_probs: torch.Tensor, draft_tokens: torch.Tensor, v
             q_at = torch.zeros_like(p_at)
             q_at[rows, drafts[rows, at]] = 1.0
         else:
-            q_at = draft_probs.to(torch.float64)[rows, at]
+            q_at = draft_probs[rows, at].to(torch.float64)
         residual = (p_at - q_at).clamp_(min=0.0)
         # an empty residual needs p == q, which accepts surely: only rounding gets here, and p is then the answer
         empty = residual.sum(dim=-1) <= 0

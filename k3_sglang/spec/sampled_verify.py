@@ -78,27 +78,32 @@ def accept_sampled(logits: torch.Tensor, tokens: torch.Tensor, verify_lens: list
     committed lengths (the seeded coins' position), backend the server's sampling backend -> (commit_lens [B], out
     tokens per request), as accept_greedy.
 
-    Sampled requests get the rejection rule with point-mass drafts; greedy ones (top_k <= 1) greedy acceptance."""
-    bs, width = len(verify_lens), max(verify_lens)
+    Sampled requests get the rejection rule with point-mass drafts; greedy ones (top_k <= 1) greedy acceptance. Only
+    the sampled requests' rows are laid out as [B_sampled, L, V] target probabilities."""
+    commit_lens, outs = accept_greedy(torch.argmax(logits, -1), tokens, verify_lens)
+    sampled = [b for b, r in enumerate(reqs) if r.sampling_params.top_k > 1]
+    if not sampled:
+        return commit_lens, outs
+    width = max(verify_lens[b] for b in sampled)
     lens_t = torch.tensor(verify_lens, dtype=torch.int64)
-    probs = filtered_probs(logits, info, lens_t, backend).cpu()
+    probs = filtered_probs(logits, info, lens_t, backend)
     qo = [0]
     for n in verify_lens:
         qo.append(qo[-1] + n)
-    grid = torch.zeros(bs, width, probs.shape[-1], dtype=probs.dtype)
-    drafts = torch.zeros(bs, max(width - 1, 0), dtype=torch.int64)
+    grid = torch.zeros(len(sampled), width, probs.shape[-1], dtype=probs.dtype, device=probs.device)
+    drafts = torch.zeros(len(sampled), width - 1, dtype=torch.int64)
     toks = tokens.cpu().to(torch.int64)
-    for b, n in enumerate(verify_lens):
-        grid[b, :n] = probs[qo[b]: qo[b + 1]]
-        drafts[b, : n - 1] = toks[qo[b] + 1: qo[b + 1]]
-    seeds = [r.sampling_params.sampling_seed for r in reqs]
-    accept_coins, final_coins = request_coins(seeds, seq_lens, width)
-    commit, out = speculative_sample(grid, drafts, lens_t, accept_coins, final_coins)
-    commit_lens = [int(c) for c in commit]
-    outs = [[int(t) for t in out[b, : c]] for b, c in enumerate(commit_lens)]
-    greedy = [b for b, r in enumerate(reqs) if r.sampling_params.top_k <= 1]
-    if greedy:
-        g_lens, g_outs = accept_greedy(torch.argmax(logits, -1), tokens, verify_lens)
-        for b in greedy:
-            commit_lens[b], outs[b] = g_lens[b], g_outs[b]
+    for i, b in enumerate(sampled):
+        n = verify_lens[b]
+        grid[i, :n] = probs[qo[b]: qo[b + 1]]
+        drafts[i, : n - 1] = toks[qo[b] + 1: qo[b + 1]]
+    del probs
+    accept_coins, final_coins = request_coins([reqs[b].sampling_params.sampling_seed for b in sampled],
+                                              [seq_lens[b] for b in sampled], width)
+    dev = grid.device
+    commit, out = speculative_sample(grid, drafts.to(dev), lens_t[sampled].to(dev), accept_coins.to(dev),
+                                     final_coins.to(dev))
+    for i, b in enumerate(sampled):
+        commit_lens[b] = int(commit[i])
+        outs[b] = [int(t) for t in out[i, : commit_lens[b]]]
     return commit_lens, outs
