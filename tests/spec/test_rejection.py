@@ -3,10 +3,10 @@
 A two-position "target model" on V = 8 tokens (p0 for the first token, p1[t1] for the second) is served by
 speculative decoding: one verify step over root + two drafts, and, when it emitted only one token, a second verify
 step for position two. The joint distribution of the emitted (t1, t2) over N requests (one batched call, fixed
-seeds) must pass a chi-square goodness-of-fit test against p0(t1) * p1[t1](t2) (the 56 cells the target can
-emit, 55 degrees of freedom, p-value > 1e-3), for point-mass drafts (K3_CSV's drafters) and for drafts drawn from a general q. The same check must
-reject two deliberately wrong rules: accept every draft, and draw from p instead of the residual after a rejection.
-About 3 s on 2 CPU cores.
+seeds) must pass a chi-square goodness-of-fit test against p0(t1) * p1[t1](t2) (the 56 cells the target can emit, 55
+degrees of freedom, p-value > 1e-3), for point-mass drafts (K3_CSV's drafters) and for drafts drawn from a general
+q. The same check must reject two deliberately wrong rules: accept every draft, and draw from p instead of the
+residual after a rejection. About 3 s on 2 CPU cores.
 """
 from __future__ import annotations
 
