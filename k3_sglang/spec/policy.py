@@ -1,10 +1,16 @@
 """Per-step decisions of K3_CSV: which requests may speculate, their drafts, and each one's verify length.
 
-A batch speculates only when every request is plain greedy (no logprobs, grammar, penalties, logit bias, custom
-logit processors or sampling): the others are served by plain decode steps, never refused. A request's cap is
-min(chain width, 1 + drafted tokens, tokens it may still emit, context left). The planner (spec/planner.py)
-turns the drafts' survival probabilities and the step-cost model into lengths; `static` verifies every cap
-(verify-all), `decode` never verifies. Under TP every rank takes TP rank 0's lengths and drafts.
+Who speculates: greedy requests (accepted by argmax, what SGLang's sampler picks) and sampled ones (temperature,
+top-k, top-p, min-p: accepted by the speculative-sampling rule over SGLang's own sampling transforms,
+spec/sampled_verify.py). A batch holding any request K3_CSV cannot verify is served by plain decode steps, never
+refused: logprobs, grammars (structured output), penalties (frequency, presence, repetition, min-new-tokens), logit
+bias, custom logit processors, watermarking, sampling-mask capture, SGLang's deterministic inference (its seeded,
+batch-invariant sampler) and sampling backends other than pytorch and flashinfer (not mirrored). The others'
+transforms run between the logits and the sampler or depend on the tokens already emitted, which a chain's later
+rows do not have. A request's cap is min(chain width, 1 + drafted tokens, tokens it may still emit, context left).
+The planner (spec/planner.py) turns the drafts' survival probabilities and the step-cost model into lengths;
+`static` verifies every cap (verify-all), `decode` never verifies. Under TP every rank takes TP rank 0's lengths
+and drafts.
 
 Settled plain decoding: once `compact` has planned plain decode steps PROBE_AFTER times in a row, it drafts and
 plans only every PROBE_EVERY-th step and decodes the steps between without asking the drafter or the planner
@@ -33,17 +39,24 @@ PROBE_AFTER = 8  # consecutive planned plain-decode steps before compact only pr
 PROBE_EVERY = 4  # then it drafts and plans on one step in this many
 
 
-def speculation_allowed(batch) -> bool:
-    """True when greedy argmax over raw logits is exactly what SGLang's sampler would pick for every request."""
+def speculation_allowed(batch, sampled: bool = True) -> bool:
+    """True when K3_CSV can verify every request of the batch as SGLang's sampler would draw its tokens: greedy ones
+    by argmax over raw logits, sampled ones by rejection sampling when `sampled` (the server's sampling backend is
+    one spec/sampled_verify.py mirrors; module docstring: what falls back)."""
     info = batch.sampling_info
-    if batch.return_logprob or batch.has_grammar or info is None or not info.is_all_greedy:
+    if batch.return_logprob or batch.has_grammar or info is None:
         return False
     orchestrator = info.penalizer_orchestrator
     if orchestrator is not None and orchestrator.is_required:
         return False
     if info.logit_bias is not None or info.has_custom_logit_processor or info.grammars is not None:
         return False
-    return not getattr(info, "has_watermark_candidates", False)
+    if getattr(info, "has_watermark_candidates", False):
+        return False
+    if info.is_all_greedy:
+        return True
+    deterministic = getattr(info, "sampling_seed", None) is not None  # SGLang's deterministic inference
+    return sampled and not deterministic and getattr(info, "sampling_mask_batch_indices", None) is None
 
 
 def remaining_tokens(req) -> int:
@@ -73,6 +86,23 @@ class StepPolicy:
         self._drafter = None
         self._cost = None
         self._groups: dict[int, GroupState] = {}
+        self._sampling_backend: str | None = None
+
+    @property
+    def sampling_backend(self) -> str | None:
+        """The server's sampling backend (read once SGLang has published its runtime context; None before)."""
+        if self._sampling_backend is None:
+            from k3_sglang.spec.sampled_verify import current_sampling_backend
+
+            self._sampling_backend = current_sampling_backend()
+        return self._sampling_backend
+
+    @property
+    def sampled_ok(self) -> bool:
+        """Sampled requests may speculate: spec/sampled_verify.py mirrors the server's sampling backend."""
+        from k3_sglang.spec.sampled_verify import backend_supported
+
+        return backend_supported(self.sampling_backend)
 
     @property
     def drafter(self):
@@ -144,7 +174,7 @@ class StepPolicy:
         bs = len(reqs)
         s = self.settings
         self._forget_departed(reqs, group)
-        if bs == 0 or s.verify_mode == "decode" or not speculation_allowed(batch):
+        if bs == 0 or s.verify_mode == "decode" or not speculation_allowed(batch, self.sampled_ok):
             return [1] * bs, [[] for _ in range(bs)]
         if s.force_verify_len is None and self._skip_planning(group):
             return [1] * bs, [[] for _ in range(bs)]

@@ -7,8 +7,10 @@
 3. All lengths 1: a plain decode forward (the root at the committed position; KDA advances in place).
 4. Otherwise one TARGET_VERIFY forward over the packed chains (spec/info.py): MLA attends them as an extend over
    the committed prefix and writes their KV rows into the slots SGLang reserved; KDA runs them without touching
-   its pool and leaves the state after every token in SGLang's per-draft scratch. Greedy acceptance
-   (spec/accept.py) gives commit_len = accepted + 1 per request, SGLang's commit after acceptance copies that step
+   its pool and leaves the state after every token in SGLang's per-draft scratch. Acceptance gives commit_len =
+   accepted + 1 per request: greedy (spec/accept.py) for an all-greedy batch, otherwise the speculative-sampling
+   rule over SGLang's sampling transforms for sampled requests (spec/sampled_verify.py, spec/rejection.py; its
+   result is TP rank 0's on every rank), SGLang's commit after acceptance copies that step
    into the KDA pools (spec/contract.py: the same two calls for SGLang's K3 and the portable model), and the
    accepted drafts plus the bonus token go back to the scheduler (stride = chain width). Rejected rows' KV slots
    stay reserved past the committed length and are overwritten by the next step.
@@ -31,6 +33,7 @@ from k3_sglang.spec.contract import check_loaded_model, commit_after_verify
 from k3_sglang.spec.info import draft_state, one_token_draft_state
 from k3_sglang.spec.policy import StepPolicy
 from k3_sglang.spec.pp_plan import plain_plan, plan_from_wire
+from k3_sglang.spec.sampled_verify import accept_sampled
 from k3_sglang.spec.settings import spec_settings
 from k3_sglang.spec.step_record import StepRecorder
 
@@ -144,6 +147,17 @@ class K3SpecWorker(BaseSpecWorker):
             out.next_token_logprobs = out.next_token_logprobs.view(len(batch.reqs), 1)
         return self._one_token_result(res, seq + 1, decode=True)
 
+    def _accept(self, batch, logits, ids, lens: list[int], seq_lens) -> tuple[list[int], list[list[int]]]:
+        """(commit_lens [B], emitted tokens per request) of a verify step: greedy when every request is greedy,
+        else rejection sampling for the sampled requests (drawn on TP rank 0, so every rank commits the same)."""
+        info = batch.sampling_info
+        if info is None or info.is_all_greedy:
+            return accept_greedy(torch.argmax(logits, -1), ids, lens)
+        out = accept_sampled(logits, ids, lens, batch.reqs, info, list(seq_lens), self.policy.sampling_backend)
+        if self.tp_group.world_size > 1:
+            out = self.tp_group.broadcast_object(out, src=0)
+        return out
+
     def _verify(self, batch, lens: list[int], drafts: list[list[int]],
                 pp_proxy_tensors=None) -> tuple[GenerationBatchResult, int]:
         bs = len(batch.reqs)
@@ -155,7 +169,7 @@ class K3SpecWorker(BaseSpecWorker):
         if logits.shape[0] != spec.layout.num_tokens:
             raise RuntimeError(f"K3_CSV verify: {logits.shape[0]} logit rows for {spec.layout.num_tokens} verified "
                                "tokens")
-        commit_lens, outs = accept_greedy(torch.argmax(logits, -1), ids, lens)
+        commit_lens, outs = self._accept(batch, logits, ids, lens, spec.layout.seq_lens)
         accept_lens = torch.tensor(commit_lens, dtype=torch.int32, device=self.device)
         accept_index = commit_after_verify(self._target_worker, batch, accept_lens, self.width)
         self.policy.observe(batch.reqs, lens, commit_lens)

@@ -1,13 +1,14 @@
 """K3_CSV (confidence-scheduled verification, k3_sglang/spec) end to end on CPU: lossless against no-spec.
 
-The reference is conftest.py's float32 server without speculation. A K3_CSV server with the same flags runs
-the controlled drafter (the reference's own continuations, corrupted per request at K3-like acceptance, profile
-`mix`) in `compact` mode (the planner, on a cost table where verification pays): its greedy outputs must be
-token-identical at concurrency 1 and 16 while it really speculates (verify steps with accepted drafts, read from its per-step
+The reference is conftest.py's float32 server without speculation. A K3_CSV server with the same flags runs the
+controlled drafter (the reference's own continuations, corrupted per request at K3-like acceptance, profile `mix`)
+in `compact` mode (the planner, on a cost table where verification pays): its greedy outputs must be token-identical
+at concurrency 1 and 16 while it really speculates (verify steps with accepted drafts, read from its per-step
 K3_SPEC_RECORD). A second K3_CSV server runs the default prompt-lookup drafter in `static` mode (verify-all) on
-repetitive prompts. Requests the worker must not speculate on (logprobs, sampling) are served by plain decode
-steps, never refused. A PP2 server (K3_CSV inside SGLang's pipeline: the first stage plans, the plan rides the
-proxy, earlier stages commit KDA through SGLang's relay) must match at concurrency 1 and 16 too. SGLang's own K3
+repetitive prompts. Sampled requests are verified by rejection sampling (min_p = 1 requests, a point mass, must
+match the greedy reference, alone and beside greedy requests, on both models); logprob requests are served by plain
+decode steps, never refused. A PP2 server (K3_CSV inside SGLang's pipeline: the first stage plans, the plan rides
+the proxy, earlier stages commit KDA through SGLang's relay) must match at concurrency 1 and 16 too. SGLang's own K3
 (K3_MODEL_IMPL=sglang on k3_cpu) runs the same K3_CSV worker on the same contract (TARGET_VERIFY into SGLang's
 per-draft scratch, SGLang's commit after acceptance) against its own no-spec server. The slow tier adds TP2/DCP2,
 wider pipelines and SGLang's K3 inside PP2.
@@ -122,7 +123,7 @@ def test_controlled_drafter_lossless_at_concurrency_16(controlled, references):
     assert any(s["kind"] == "verify" and s["n_reqs"] > 1 for s in steps)
 
 
-def test_logprob_and_sampled_requests_fall_back_to_plain_decode(controlled, server, references):
+def test_logprob_requests_fall_back_to_plain_decode(controlled, server, references):
     proc, record = controlled
     before = len(_records(record))
     got = _generate(proc.url, PROMPTS[2], return_logprob=True)
@@ -132,10 +133,37 @@ def test_logprob_and_sampled_requests_fall_back_to_plain_decode(controlled, serv
     want_lp = [x[0] for x in want["meta_info"]["output_token_logprobs"]]
     assert len(got_lp) == NEW_TOKENS and max(abs(a - b) for a, b in zip(got_lp, want_lp)) < 1e-4
     assert all(s["kind"] == "decode" for s in _records(record)[before:])
-    sampled = _generate(proc.url, PROMPTS[3], sampling={"temperature": 0.8, "top_p": 0.9})
-    assert len(sampled["output_ids"]) == NEW_TOKENS
     short = _generate(proc.url, PROMPTS[4], n=5)  # the remaining-token cap: never more than max_new_tokens
     assert short["output_ids"] == references[4][:5]
+
+
+def _verify_steps(record, before: int) -> list[dict]:
+    return [s for s in _records(record)[before:] if s["kind"] == "verify"]
+
+
+POINT_MASS = {"temperature": 1.0, "min_p": 1.0, "sampling_seed": 5}  # a sampled request whose p is the argmax
+
+
+def _check_point_mass_sampling(url: str, record, references: list[list[int]]) -> None:
+    """Sampled requests speculate (spec/sampled_verify.py). min_p = 1 leaves SGLang's target distribution a point
+    mass on the argmax, so the rejection rule must reproduce the greedy reference token for token while accepting
+    the controlled drafter's drafts: alone, and in mixed batches beside greedy requests (which keep greedy
+    acceptance there)."""
+    before = len(_records(record))
+    assert _generate(url, PROMPTS[1], sampling=POINT_MASS)["output_ids"] == references[1]
+    verify = _verify_steps(record, before)
+    assert verify and sum(s["accepted"] for s in verify) > 0, verify
+    before = len(_records(record))
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: _generate(url, PROMPTS[i], sampling=POINT_MASS if i % 2 else {})["output_ids"],
+                            range(8)))
+    assert got == references[:8]
+    assert any(s["kind"] == "verify" and s["n_reqs"] > 1 for s in _records(record)[before:])
+
+
+def test_point_mass_sampled_requests_are_verified_and_match_greedy(controlled, references):
+    proc, record = controlled
+    _check_point_mass_sampling(proc.url, record, references)
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +188,21 @@ def test_lookup_drafter_static_mode_lossless(lookup, server):
     verify = [s for s in _records(record) if s["kind"] == "verify"]
     assert verify, "prompt lookup found nothing to draft in prompts that quote the same span four times"
     assert all(s["l_max"] <= 4 for s in verify)
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.8, "top_p": 0.9}, {"temperature": 0.5, "top_k": 2},
+                                      {"temperature": 1.0, "min_p": 0.05}], ids=["top-p", "top-k", "min-p"])
+def test_seeded_sampled_requests_are_verified(lookup, sampling):
+    """A seeded sampled request: prompt lookup drafts it and K3_CSV verifies those drafts by rejection sampling. The
+    prompt holds every safe token id once, so that whatever token the request samples (most land there),
+    lookup finds it in the context and drafts what followed it (the random tiny model rarely continues that, so few
+    drafts are accepted; SGLang's plain decode steps ignore the seed, so the output varies run to run)."""
+    proc, record = lookup
+    before = len(_records(record))
+    every_token = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(9)).tolist()
+    out = _generate(proc.url, every_token, n=8, sampling={**sampling, "sampling_seed": 11})["output_ids"]
+    assert len(out) == 8 and all(0 <= t < 1024 for t in out)
+    assert _verify_steps(record, before), f"{sampling}: never verified"
 
 
 @pytest.mark.slow
@@ -261,6 +304,7 @@ def test_sglang_k3_verify_lossless_at_concurrency_1_and_16(tiny_dir, sglang_orac
         single = _records(record)
         assert _parallel(proc.url, PROMPTS) == sglang_references
         batched = _records(record)[len(single):]
+        _check_point_mass_sampling(proc.url, record, sglang_references)
     finally:
         proc.stop()
     _check_speculated(single, batched=False)

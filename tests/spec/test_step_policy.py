@@ -28,10 +28,14 @@ def _batch(reqs, **info):
                            seq_lens_cpu=torch.tensor(seq))
 
 
-def test_only_plain_greedy_batches_speculate():
+def test_greedy_and_plainly_sampled_batches_speculate_the_rest_decode():
     reqs = [_req("a", [1, 2, 3], [4])]
     assert speculation_allowed(_batch(reqs))
-    assert not speculation_allowed(_batch(reqs, is_all_greedy=False))
+    assert speculation_allowed(_batch(reqs, is_all_greedy=False))  # temperature/top-k/top-p/min-p: rejection sampling
+    assert not speculation_allowed(_batch(reqs, is_all_greedy=False, sampling_seed=torch.tensor([42])))
+    assert not speculation_allowed(_batch(reqs, is_all_greedy=False, sampling_mask_batch_indices=torch.tensor([0])))
+    assert not speculation_allowed(_batch(reqs, has_custom_logit_processor=True))
+    assert not speculation_allowed(_batch(reqs, has_watermark_candidates=True))
     assert not speculation_allowed(_batch(reqs, penalizer_orchestrator=SimpleNamespace(is_required=True)))
     assert not speculation_allowed(_batch(reqs, logit_bias=torch.zeros(1, 8)))
     b = _batch(reqs)
