@@ -51,7 +51,8 @@ def _logical(pools, slots: torch.Tensor) -> list[torch.Tensor]:
 
 def _save_and_restore(pools, src: torch.Tensor, dst: torch.Tensor, swap_ranks: bool = False):
     """Back up logical slots `src` into every rank's host pool (the same host slots on each rank, as SGLang's
-    controller allocates in lockstep), clobber the devices, load them back into logical slots `dst` (with swap_ranks, from the other rank's host rows).
+    controller allocates in lockstep), clobber the devices, load them back into logical slots `dst` (with
+    swap_ranks, from the other rank's host rows).
     Returns (saved rows, host slots)."""
     for device, _ in pools:
         for layer in device.kv_buffer:
