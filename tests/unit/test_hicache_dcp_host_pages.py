@@ -13,7 +13,7 @@ import torch
 
 from k3_sglang.config import preset
 from k3_sglang.hicache.hooks import bind_direct_transfer_ops
-from tests.unit.test_hicache_transfer import _same_bits, _special
+from tests.unit.test_hicache_transfer import _same_bits, _special, cpu_host_reserve
 
 DCP = 2
 ROWS = 48  # physical device rows per rank: 96 logical slots
@@ -33,9 +33,11 @@ def rank_pools():
         device = MLATokenToKVPool(size=ROWS, page_size=1, dtype=torch.float32, kv_lora_rank=cfg.mla.kv_lora_rank,
                                   qk_rope_head_dim=cfg.mla.qk_rope_head_dim, layer_num=layers, device="cpu",
                                   enable_memory_saver=False)
-        host = MLATokenToKVPoolHost(device.get_device_pool_infos()[0].buffer_info, 2.0, 0, DCP, "page_first_direct",
-                                    pin_memory=False, dcp_size=DCP, dcp_rank=rank, device_capacity_tokens=ROWS,
-                                    start_layer=0, end_layer=layers - 1, target_layer_num=layers)
+        with cpu_host_reserve():
+            host = MLATokenToKVPoolHost(device.get_device_pool_infos()[0].buffer_info, 2.0, 0, DCP,
+                                        "page_first_direct", pin_memory=False, dcp_size=DCP, dcp_rank=rank,
+                                        device_capacity_tokens=ROWS, start_layer=0, end_layer=layers - 1,
+                                        target_layer_num=layers)
         pools.append((device, host))
     return pools
 
