@@ -7,7 +7,7 @@ under DCP2 with the host tier, against the same TP1 answers.
 
 Under DCP `k3 serve` runs the extra_buffer KDA prefix cache (docs/parallel.md), which SGLang's hybrid HiCache backs
 up per track slot; a resumed turn matches up to its last tracked state (every `--mamba-track-interval` = 256 tokens
-here), not its whole history as no_buffer does at TP1. Slow tier: five server starts, 36 requests (wall time in
+here), not its whole history as no_buffer does at TP1. Slow tier: six server starts, 42 requests (wall time in
 docs/sessions.md). The per-rank host layout is checked bit for bit below the server in
 tests/unit/test_hicache_dcp_host_pages.py.
 """
@@ -119,3 +119,16 @@ def test_sglang_k3_dcp2_sessions_resumed_from_the_host_tier_match_tp1(tiny_dir, 
     assert "'attention_backend': 'k3_dcp_mla'" in log and "HiCache + DCP enabled" in log
     assert_resumed_within_a_track_interval(records, "host")
     assert matches(records, tp1_answers)
+
+
+def test_dcp2_sabotage_corrupting_restored_kda_states_changes_the_answers(tiny_dir, tmp_path_factory, tp1_answers):
+    """The control: a DCP2 server that overwrites every KDA state its ranks restore from the host tier with NaN
+    (K3_HICACHE_FAULT=corrupt-restored-kda, tests only) makes the same restores and gives different answers."""
+    server = serve(tiny_dir, tmp_path_factory, "serve-dcp2-l2-sabotage", _dcp_args(HICACHE),
+                   env={"K3_HICACHE_FAULT": "corrupt-restored-kda"})
+    try:
+        records = run(server, L2_TRAFFIC)
+    finally:
+        server.stop()
+    assert_resumed_within_a_track_interval(records, "host")
+    assert not matches([r for r in records if r.turn], tp1_answers)
