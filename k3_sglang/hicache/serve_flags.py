@@ -9,7 +9,8 @@ Defaults (each yields to the user's own flag or variable):
 
 Refused before any server starts (exit 2, every reason listed), each because it is untested or cannot run here:
 other IO backends and layouts; storage backends other than `file` and `mooncake`; write policies other than
-`write_through`; `buffer_only` host mode; Mooncake without a master address, or with a master that does not answer
+`write_through`; `buffer_only` host mode; the radix cache off (`--disable-radix-cache`, or what `k3 serve` composes
+for a speculative or PD server under DCP); Mooncake without a master address, or with a master that does not answer
 (a TCP connect to it, so a backend that is down at start is a clear error, not a failed scheduler).
 `cpu_hicache_refusals` reads SGLang's argument names (a parsed command line or a ServerArgs).
 """
@@ -111,7 +112,28 @@ def cpu_hicache_refusals(args, environ: dict[str, str] | None = None) -> list[st
                        f"(tested: {', '.join(CPU_STORAGE_BACKENDS)})")
     if backend == "mooncake":
         reasons += mooncake_refusals(environ)
-    return reasons
+    return reasons + radix_refusals(args)
+
+
+def radix_refusals(args) -> list[str]:
+    """HiCache backs up the radix tree's pages, so it needs the radix cache; `k3 serve` turns that off for a
+    speculative or PD server under DCP (serving/cli.py), and SGLang's HiCache under DCP has no DCP index translation
+    for a draft model's host pool. Under DCP the KDA states follow `k3 serve`'s extra_buffer default (no_buffer with
+    the radix cache under DCP is refused by the model's own limits)."""
+    dcp = int(getattr(args, "dcp_size", 1) or 1)
+    speculative = getattr(args, "speculative_algorithm", None)
+    pd = (getattr(args, "disaggregation_mode", "null") or "null") != "null"
+    if dcp > 1 and speculative:
+        return [f"--enable-hierarchical-cache with --speculative-algorithm {speculative} under --dcp-size {dcp}: "
+                "SGLang's HiCache under DCP translates only the target's MLA host pages (no draft host pool), and "
+                "`k3 serve` runs speculative DCP without the radix cache; drop one of the three flags"]
+    if dcp > 1 and pd:
+        return [f"--enable-hierarchical-cache with --disaggregation-mode under --dcp-size {dcp}: `k3 serve` runs a "
+                "PD server under DCP without the radix cache the host tier backs up (not exercised)"]
+    if getattr(args, "disable_radix_cache", False):
+        return ["--enable-hierarchical-cache with --disable-radix-cache: the host tier backs up the radix tree's "
+                "pages (SGLang refuses the pair); drop --disable-radix-cache"]
+    return []
 
 
 def mooncake_refusals(environ) -> list[str]:

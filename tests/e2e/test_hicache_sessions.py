@@ -8,7 +8,7 @@ control (a server that corrupts every KDA state it restores must give different 
 Mooncake store, and its master killed mid-session (the server stays up, answers stay identical: the lost tier falls
 back to recompute; SGLang logs the failed storage writes, Mooncake its lost master). The default tier checks HiCache
 on CPU below the server: tests/unit/test_hicache_transfer.py (bit-identical restores through SGLang's own host
-pools) and tests/unit/test_hicache_hooks.py. (TP2 x DCP2 with HiCache is not tested here.)
+pools) and tests/unit/test_hicache_hooks.py. TP2 x DCP2 with HiCache: tests/e2e/test_hicache_dcp.py.
 """
 
 from __future__ import annotations

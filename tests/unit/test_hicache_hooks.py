@@ -151,3 +151,26 @@ def test_mooncake_needs_a_master_that_answers():
     assert env["MOONCAKE_PROTOCOL"] == "rdma" and env["MOONCAKE_LOCAL_HOSTNAME"] == "127.0.0.1"
     assert env["MC_TCP_BIND_ADDRESS"] == "127.0.0.1" and env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == str(512 << 20)
     assert cpu_hicache_env(["--enable-hicache"], "127.0.0.1", {}) == {}
+
+
+def test_hicache_needs_the_radix_cache_and_no_draft_under_dcp():
+    assert cpu_hicache_refusals(_args(dcp_size=2, mamba_radix_cache_strategy="extra_buffer")) == []
+    (spec,) = cpu_hicache_refusals(_args(dcp_size=2, speculative_algorithm="K3_CSV", disable_radix_cache=True))
+    assert "--speculative-algorithm K3_CSV under --dcp-size 2" in spec
+    (pd,) = cpu_hicache_refusals(_args(dcp_size=2, disaggregation_mode="decode", disable_radix_cache=True))
+    assert "--disaggregation-mode under --dcp-size 2" in pd
+    (off,) = cpu_hicache_refusals(_args(disable_radix_cache=True))
+    assert "--disable-radix-cache" in off
+
+
+def test_k3_serve_composes_dcp2_hicache_with_extra_buffer_or_exits_2(capsys):
+    from k3_sglang.cli import main
+
+    dcp2 = ["serve", "--dry-run", "--tp-size", "2", "--dcp-size", "2", "--enable-hierarchical-cache"]
+    assert main(dcp2) == 0
+    out = capsys.readouterr().out
+    assert "--mamba-radix-cache-strategy extra_buffer" in out and "--hicache-io-backend direct" in out
+    assert main(dcp2 + ["--speculative-algorithm", "K3_CSV"]) == 2
+    assert "--speculative-algorithm K3_CSV under --dcp-size 2" in capsys.readouterr().err
+    assert main(dcp2 + ["--mamba-radix-cache-strategy", "no_buffer"]) == 2
+    assert "--mamba-radix-cache-strategy no_buffer" in capsys.readouterr().err

@@ -4,11 +4,13 @@ the host tier and comes back is bit-identical to the one saved, and a corrupted 
 About 10 s."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
 from k3_sglang.config import preset
-from k3_sglang.hicache.hooks import bind_direct_transfer_ops
+from k3_sglang.hicache.hooks import CPU_HOST_RESERVE_BYTES, bind_direct_transfer_ops
 from k3_sglang.hicache.transfer_ops import (transfer_kv_all_layer_direct_lf_pf, transfer_kv_direct,
                                             transfer_kv_per_layer_direct_pf_lf)
 
@@ -27,6 +29,20 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+
+
+@contextmanager
+def cpu_host_reserve():
+    """SGLang's host-pool allocation check with the CPU reserve our budget hook gives it in a server (1 GiB, not a GPU
+    server's 10 GiB), so building a tiny host pool here does not depend on how much RAM other processes leave free."""
+    from sglang.srt.mem_cache.pool_host import base
+
+    saved = base.HICACHE_HOST_MEMORY_RESERVE_BYTES
+    base.HICACHE_HOST_MEMORY_RESERVE_BYTES = CPU_HOST_RESERVE_BYTES
+    try:
+        yield
+    finally:
+        base.HICACHE_HOST_MEMORY_RESERVE_BYTES = saved
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -78,17 +94,19 @@ def tiny_pools():
     mla = MLATokenToKVPool(size=96, page_size=1, dtype=torch.float32, kv_lora_rank=cfg.mla.kv_lora_rank,
                            qk_rope_head_dim=cfg.mla.qk_rope_head_dim, layer_num=len(cfg.mla.layer_ids), device="cpu",
                            enable_memory_saver=False)
-    mla_host = MLATokenToKVPoolHost(mla.get_device_pool_infos()[0].buffer_info, 2.0, 0, 1, "page_first_direct",
-                                    pin_memory=False, device_capacity_tokens=96, start_layer=0,
-                                    end_layer=len(cfg.mla.layer_ids) - 1, target_layer_num=len(cfg.mla.layer_ids))
+    with cpu_host_reserve():
+        mla_host = MLATokenToKVPoolHost(mla.get_device_pool_infos()[0].buffer_info, 2.0, 0, 1, "page_first_direct",
+                                        pin_memory=False, device_capacity_tokens=96, start_layer=0,
+                                        end_layer=len(cfg.mla.layer_ids) - 1, target_layer_num=len(cfg.mla.layer_ids))
     shape = KimiLinearStateShape.create(tp_world_size=1, num_heads=cfg.kda.num_heads, head_dim=cfg.kda.head_dim,
                                         conv_kernel_size=cfg.kda.conv_kernel_size)
     layers = list(cfg.kda.layer_ids)
     kda = MambaPool(size=24, spec_state_size=0, cache_params=KimiLinearCacheParams(shape=shape, layers=layers),
                     mamba_layer_ids=layers, device="cpu")
     (info,) = kda.get_device_pool_infos()
-    kda_host = MambaPoolHost(info.buffer_info, 2.0, 0, device_capacity=24, layout="page_first_direct",
-                             pin_memory=False)
+    with cpu_host_reserve():
+        kda_host = MambaPoolHost(info.buffer_info, 2.0, 0, device_capacity=24, layout="page_first_direct",
+                                 pin_memory=False)
     return mla, mla_host, kda, info.buffer_info, kda_host
 
 
