@@ -105,7 +105,7 @@ Ratios (same run):
 - off / host, resumed-turn TTFT p50: {_verdict(off_host, '>= 5x', off_host is not None and off_host >= 5)}
 - host / all resident, resumed-turn TTFT p50: {_verdict(host_resident, '<= 1.5x',
                                                          host_resident is not None and host_resident <= 1.5)}
-- off / host + L3, resumed-turn TTFT p50: {_verdict(off_l3, 'none set', True) if off_l3 else 'not measured'}
+- off / host + L3, resumed-turn TTFT p50: {f'**{off_l3:.2f}x** (no goal set)' if off_l3 else 'not measured'}
 - greedy answers identical to `off` in every arm: {'yes' if not any(s.mismatches for s in summaries.values()) else
                                                     '**NO**'}
 
