@@ -90,6 +90,7 @@ def test_prefix_cache_hit_gives_the_same_output(sglang_k3):
     assert fresh["meta_info"]["cached_tokens"] == 0 and cached["output_ids"] == fresh["output_ids"]
 
 
+@pytest.mark.slow  # 73 s of CI's default run; SGLang's K3 PP2 is also checked by test_spec_serve's slow PP2 case
 def test_pipeline_of_two_stages_identical_to_one(sglang_k3, tiny_dir, tmp_path_factory):
     """SGLang's own PP (its stage split, its AttnRes bank wire format) on CPU: greedy tokens as the single stage."""
     pp2 = _start(tiny_dir, tmp_path_factory, "sglang-k3-pp2", "--pp-size", "2")

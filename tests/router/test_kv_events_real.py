@@ -6,6 +6,7 @@ reported `cached_tokens` must equal it, after stores, a shared prefix, a prefix 
 KDA state is not, evictions under a small pool, a flush, and a batch lost on the wire (detected and replayed).
 Then placement: a token request goes to the worker that holds its prefix; and retention: a session that asked
 for it resumes its whole prefix after a burst that evicts an otherwise identical session.
+Slow tier since 2026-12-06 (two worker starts, about 2.3 min of CI's default run): `make test-slow`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from k3_sglang.router.event_feed import SYNCED
 from k3_sglang.router.threaded import ServerThread
 from k3_sglang.serving.process import K3ServerProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 STARTUP_TIMEOUT_S = float(os.environ.get("K3_TEST_STARTUP_S", "400"))
 POOL_TOKENS = 700
 CHUNK = 64
