@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import socket
 
+from k3_sglang.serving.argv import flag_value, has_flag
+
 HICACHE_FLAGS = ("--enable-hierarchical-cache", "--enable-hicache")
 CPU_HICACHE_DEFAULTS = {"--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct"}
 # SGLang's own cache-mode default, given explicitly: without it SGLang sizes the host tier from free memory after a
@@ -32,37 +34,26 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 MASTER_CONNECT_TIMEOUT_S = 3.0
 
 
-def _has(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
-
-
-def _value(args: list[str], flag: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def hicache_requested(args: list[str]) -> bool:
     """Whether this command line turns SGLang's HiCache on."""
-    return any(_has(args, f) for f in HICACHE_FLAGS)
+    return any(has_flag(args, f) for f in HICACHE_FLAGS)
 
 
 def cpu_hicache_flags(extra: list[str]) -> list[str]:
     """SGLang flags to append for HiCache on CPU (none when HiCache is off or the user set them)."""
     if not hicache_requested(extra):
         return []
-    flags = [w for flag, value in CPU_HICACHE_DEFAULTS.items() if not _has(extra, flag) for w in (flag, value)]
-    if not _has(extra, "--hicache-ratio") and not _has(extra, "--hicache-size"):
+    flags = [w for flag, value in CPU_HICACHE_DEFAULTS.items() if not has_flag(extra, flag) for w in (flag, value)]
+    if not has_flag(extra, "--hicache-ratio") and not has_flag(extra, "--hicache-size"):
         flags += ["--hicache-ratio", CPU_HICACHE_RATIO]
     return flags
 
 
 def cpu_hicache_env(extra: list[str], host: str, env: dict[str, str]) -> dict[str, str]:
     """`env` with the Mooncake-on-CPU variables set where unset (unchanged without the mooncake backend)."""
-    if not hicache_requested(extra) or _value(extra, "--hicache-storage-backend") != "mooncake":
+    if not hicache_requested(extra) or flag_value(extra, "--hicache-storage-backend") != "mooncake":
         return env
     out = dict(env)
     for name, value in CPU_MOONCAKE_ENV.items():

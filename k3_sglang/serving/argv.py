@@ -7,7 +7,7 @@ def has_flag(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def flag_value(args: list[str], flag: str, default: str) -> str:
+def flag_value(args: list[str], flag: str, default: str | None = None) -> str | None:
     """The first value given to `flag` in `args`, or `default`."""
     for i, a in enumerate(args):
         if a == flag and i + 1 < len(args):

@@ -15,23 +15,16 @@ from __future__ import annotations
 
 import importlib.util
 
+from k3_sglang.serving.argv import flag_value
+
 PD_MODES = ("prefill", "decode")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 PD_CPU_ENV = {"SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER": "1", "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "0"}
 
 
-def _value(args: list[str], flag: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def pd_mode(extra: list[str]) -> str | None:
     """prefill / decode when the user's flags ask for PD disaggregation, else None."""
-    mode = _value(extra, "--disaggregation-mode")
+    mode = flag_value(extra, "--disaggregation-mode")
     return mode if mode in PD_MODES else None
 
 
@@ -41,9 +34,9 @@ def pd_cpu_flags(extra: list[str]) -> list[str]:
     if mode is None:
         return []
     flags = []
-    if _value(extra, "--disaggregation-transfer-backend") is None:
+    if flag_value(extra, "--disaggregation-transfer-backend") is None:
         flags += ["--disaggregation-transfer-backend", "mooncake_tcp"]
-    if mode == "decode" and _value(extra, "--disaggregation-decode-retraction-backup") is None:
+    if mode == "decode" and flag_value(extra, "--disaggregation-decode-retraction-backup") is None:
         flags += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
     return flags
 
@@ -64,7 +57,7 @@ def pd_cpu_env(extra: list[str], host: str, env: dict[str, str]) -> dict[str, st
 
 def missing_transfer_engine(extra: list[str]) -> str:
     """Why a PD server cannot start here ('' when it can): Mooncake's transfer engine is not installed."""
-    backend = _value(extra, "--disaggregation-transfer-backend") or "mooncake"
+    backend = flag_value(extra, "--disaggregation-transfer-backend") or "mooncake"
     if pd_mode(extra) is None or not backend.startswith("mooncake"):
         return ""
     if importlib.util.find_spec("mooncake") is not None:

@@ -311,37 +311,33 @@ def test_sglang_k3_verify_lossless_at_concurrency_1_and_16(tiny_dir, sglang_orac
     _check_speculated(batched, batched=True)
 
 
-@pytest.mark.slow
-def test_sglang_k3_pp2_verify_lossless(tiny_dir, sglang_oracle, sglang_references, tmp_path_factory):
-    """SGLang's K3 inside PP2: stage 0 plans and verifies its layers, the last stage's worker accepts and commits,
-    stage 0 commits through SGLang's relay from the relayed chain accept index."""
-    proc, record = _controlled_server(tiny_dir, sglang_oracle, tmp_path_factory.mktemp("spec-sglang-pp2"),
-                                      ["--pp-size", "2"], env_extra=SGLANG_K3)
+def _sglang_k3_lossless_in(tiny_dir, oracle, references, work, flags) -> None:
+    """SGLang's K3 with K3_CSV under `flags`: concurrency 1 on three prompts, then 16, token-identical to SGLang's
+    K3 TP1 without speculation, with verify steps that accepted drafts (several requests in one at 16)."""
+    proc, record = _controlled_server(tiny_dir, oracle, work, flags, env_extra=SGLANG_K3)
     try:
-        for prompt, ref in zip(PROMPTS[:3], sglang_references[:3]):
+        for prompt, ref in zip(PROMPTS[:3], references[:3]):
             assert _generate(proc.url, prompt)["output_ids"] == ref
         single = _records(record)
-        assert _parallel(proc.url, PROMPTS) == sglang_references
+        assert _parallel(proc.url, PROMPTS) == references
         batched = _records(record)[len(single):]
     finally:
         proc.stop()
     _check_speculated(single, batched=False)
     _check_speculated(batched, batched=True)
+
+
+@pytest.mark.slow
+def test_sglang_k3_pp2_verify_lossless(tiny_dir, sglang_oracle, sglang_references, tmp_path_factory):
+    """SGLang's K3 inside PP2: stage 0 plans and verifies its layers, the last stage's worker accepts and commits,
+    stage 0 commits through SGLang's relay from the relayed chain accept index."""
+    _sglang_k3_lossless_in(tiny_dir, sglang_oracle, sglang_references, tmp_path_factory.mktemp("spec-sglang-pp2"),
+                           ["--pp-size", "2"])
 
 
 @pytest.mark.slow
 def test_sglang_k3_dcp2_verify_lossless(tiny_dir, sglang_oracle, sglang_references, tmp_path_factory):
     """SGLang's K3 at TP2/DCP2 on k3_dcp_mla: the verify chains' latent rows are striped over the DCP ranks and
     attended as a sharded extend with the exact LSE merge; token-identical to SGLang's K3 TP1 without speculation."""
-    proc, record = _controlled_server(tiny_dir, sglang_oracle, tmp_path_factory.mktemp("spec-sglang-dcp2"),
-                                      ["--tp-size", "2", "--dcp-size", "2"], env_extra=SGLANG_K3)
-    try:
-        for prompt, ref in zip(PROMPTS[:3], sglang_references[:3]):
-            assert _generate(proc.url, prompt)["output_ids"] == ref
-        single = _records(record)
-        assert _parallel(proc.url, PROMPTS) == sglang_references
-        batched = _records(record)[len(single):]
-    finally:
-        proc.stop()
-    _check_speculated(single, batched=False)
-    _check_speculated(batched, batched=True)
+    _sglang_k3_lossless_in(tiny_dir, sglang_oracle, sglang_references, tmp_path_factory.mktemp("spec-sglang-dcp2"),
+                           ["--tp-size", "2", "--dcp-size", "2"])

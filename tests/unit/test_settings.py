@@ -19,12 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_each_process_kind_parses_its_variables():
-    serve = ServeSettings.from_env({"K3_MAX_N": "4", "K3_CACHE_DIR": "/tmp/k3c", "K3_MODEL_IMPL": "portable"})
-    assert (serve.max_n, serve.cache_dir, serve.model_impl) == (4, Path("/tmp/k3c"), "portable")
-    worker = WorkerSettings.from_env({"K3_MLA_EXTEND": "torch_native", "K3_KV_READ_TRACE": "/tmp/kv",
+    serve = ServeSettings.from_env({"K3_MAX_N": "4", "K3_CACHE_DIR": "k3-cache", "K3_MODEL_IMPL": "portable"})
+    assert (serve.max_n, serve.cache_dir, serve.model_impl) == (4, Path("k3-cache"), "portable")
+    worker = WorkerSettings.from_env({"K3_MLA_EXTEND": "torch_native", "K3_KV_READ_TRACE": "kv-trace.jsonl",
                                       "K3_STAGE_TRACE": " ", "K3_SPEC_VERIFY_MODE": "static", "K3_SPEC_SEED": "7",
                                       "K3_SPEC_FORCE_VERIFY_LEN": "3", "K3_MAX_N": "not mine"})
-    assert (worker.mla_extend, worker.kv_read_trace, worker.stage_trace) == ("torch_native", Path("/tmp/kv"), None)
+    assert (worker.mla_extend, worker.kv_read_trace, worker.stage_trace) == ("torch_native", Path("kv-trace.jsonl"), None)
     assert (worker.spec.verify_mode, worker.spec.seed, worker.spec.force_verify_len) == ("static", 7, 3)
     assert WorkerSettings.from_env({}) == WorkerSettings()  # unset and empty keep the defaults
 
