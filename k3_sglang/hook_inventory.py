@@ -111,6 +111,12 @@ def _dcp_mla_hooks():
     return plugin.installed_hooks()
 
 
+def _step_timing_hooks():
+    from k3_sglang.tooling import step_timing
+
+    return step_timing.installed_hooks()
+
+
 HOOK_SETS = (
     HookSet("k3_sglang.serving.launch", "every `k3 serve` process", _launch_hooks, "tests/unit/test_hook_inventory.py"),
     HookSet("k3_sglang.platform_hooks", "k3_cpu platform, portable model", _portable_dcp_hooks,
@@ -134,13 +140,15 @@ HOOK_SETS = (
             "tests/unit/test_hicache_hooks.py"),
     HookSet("k3_sglang.hicache.hooks", "as above, only with K3_HICACHE_FAULT=corrupt-restored-kda (tests' sabotage)",
             _hicache_fault_hooks, "tests/unit/test_hicache_hooks.py"),
+    HookSet("k3_sglang.tooling.step_timing", "any process with K3_STEP_TIMING set (`k3 bench plain-decode`)",
+            _step_timing_hooks, "tests/unit/test_step_timing.py"),
 )
 
 # SGLang extension points used (registries SGLang offers): (what, where, owner).
 REGISTRIES = (
     ("platform `k3_cpu`", "entry-point group sglang.srt.platforms", "k3_sglang.platform"),
     ("general plugins `k3_portable_dcp`, `k3_spec`, `k3_sglang_k3_cpu`, `k3_session_cache`, `k3_dcp_mla`, "
-     "`k3_hicache_cpu`",
+     "`k3_hicache_cpu`, `k3_step_timing`",
      "entry-point group sglang.srt.plugins",
      "pyproject.toml"),
     ("model package `k3_sglang.models`", "SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.serving.cli"),

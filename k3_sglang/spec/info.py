@@ -82,10 +82,9 @@ def one_token_draft_state(width: int, new_seq_lens: torch.Tensor, tokens: torch.
     """The state after a step that emitted one token per request (`tokens` [B]): the token in column 0 of
     accept_tokens [B * width], accept_lens all 1."""
     bs = tokens.shape[0]
-    accept = torch.zeros(bs, width, dtype=torch.int32, device=tokens.device)
-    accept[:, 0] = tokens
-    return draft_state(width, new_seq_lens, accept.flatten(),
-                       torch.ones(bs, dtype=torch.int32, device=tokens.device), tokens)
+    accept = torch.zeros(bs * width, dtype=torch.int32, device=tokens.device)
+    accept[::width] = tokens
+    return draft_state(width, new_seq_lens, accept, torch.ones(bs, dtype=torch.int32, device=tokens.device), tokens)
 
 
 class K3VerifyInput(SpecInput):

@@ -123,15 +123,18 @@ class K3SpecWorker(BaseSpecWorker):
     def _decode_round(self, batch, on_publish, pp_proxy_tensors=None) -> GenerationBatchResult:
         t0 = time.perf_counter()
         lens, drafts = self._round_plan(batch, pp_proxy_tensors)
-        if max(lens) <= 1:
+        l_max = max(lens)
+        if l_max <= 1:
             result, kind, accepted = self._plain_decode(batch, pp_proxy_tensors), "decode", 0
         else:
             result, accepted = self._verify(batch, lens, drafts, pp_proxy_tensors)
             kind = "verify"
         if on_publish is not None:
             on_publish(result.new_seq_lens)
-        self.recorder.step(kind=kind, n_reqs=len(lens), n_tokens=sum(lens), l_max=max(lens),
-                           seconds=time.perf_counter() - t0, drafted=sum(lens) - len(lens), accepted=accepted)
+        if self.recorder.path:  # a plain-decode step pays nothing for records nobody asked for
+            n_tokens = sum(lens)
+            self.recorder.step(kind=kind, n_reqs=len(lens), n_tokens=n_tokens, l_max=l_max,
+                               seconds=time.perf_counter() - t0, drafted=n_tokens - len(lens), accepted=accepted)
         return result
 
     def _plain_decode(self, batch, pp_proxy_tensors=None) -> GenerationBatchResult:

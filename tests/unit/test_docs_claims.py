@@ -16,6 +16,7 @@ from k3_sglang.serving.portable_limits import SUPPORTED_PARALLEL_SIZES, SUPPORTE
 from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
 from k3_sglang.spec.settings import SpecSettings
+from k3_sglang.tooling.step_timing import StepTimingSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -60,7 +61,8 @@ def test_architecture_md_states_the_portable_limits():
 
 def _settings_variables() -> set[str]:
     names = set()
-    for model in (ServeSettings, WorkerSettings, SpecSettings, KvEventsSettings, RetentionSettings, HiCacheSettings):
+    for model in (ServeSettings, WorkerSettings, SpecSettings, KvEventsSettings, RetentionSettings, HiCacheSettings,
+                  StepTimingSettings):
         names |= {model.env_name(f) for f, info in model.model_fields.items() if info.annotation is not SpecSettings}
     return names
 

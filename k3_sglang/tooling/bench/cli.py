@@ -21,6 +21,8 @@ BENCH_TARGETS: dict[str, tuple[str, str]] = {
     "sessions": ("k3_sglang.tooling.bench.sessions", "round-robin agent sessions: HiCache off vs host tier vs host + L3"),
     "verify": ("k3_sglang.tooling.bench.verify", "no-spec vs verify-all vs confidence-scheduled K3_CSV, concurrency 1-64"),
     "profile-verify": ("k3_sglang.tooling.bench.profile_verify", "K3_CSV verify/decode step cost -> docs/verify-cost-cpu.json"),
+    "plain-decode": ("k3_sglang.tooling.bench.plain_decode", "per-step host cost of K3_CSV deciding plain decode vs "
+                     "no speculation (c = 1)"),
 }
 
 

@@ -1,0 +1,159 @@
+"""`k3 bench plain-decode`: what a K3_CSV server that decides "plain decode" costs next to a no-spec server, per step.
+
+Arms, all on one model, alive together, one greedy request at a time (concurrency 1), arms interleaved per request
+(the order rotates), so the machine's drift over seconds lands on every arm alike:
+  A  no speculation;
+  D  K3_CSV with K3_SPEC_VERIFY_MODE=decode: never drafts, so every step is SGLang's speculative path plus our
+     worker around a plain decode forward (the floor of what speculation costs when it does not pay);
+  C  K3_CSV compact (the planner, lookup drafter, the model's cost table) on random prompts, where it settles into
+     plain decoding and only probes (spec/policy.py).
+Every server runs with K3_STEP_TIMING (k3_sglang/tooling/step_timing.py): each decode step's whole scheduler loop,
+split into the model forward and host time (loop - forward), and host time into run_batch outside the forward,
+process_batch_result, and the rest of the loop (receiving requests, building the next batch). The report compares
+host time per step with A's, as a share of A's step (docs/bench-plain-decode.md).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DOC = Path("docs/bench-plain-decode.md")
+ARM_HELP = {"A": "no speculation", "D": "K3_CSV, verify mode `decode` (never drafts)",
+            "C": "K3_CSV compact (planner + lookup drafter), settles into plain decode"}
+
+
+@dataclass(frozen=True)
+class ArmSteps:
+    """Medians (seconds) over one arm's decode steps of batch size 1, after the warm-up steps."""
+
+    steps: int
+    loop: float
+    forward: float
+    host: float
+    host_mean: float
+    run_outside_forward: float
+    result: float
+    rest: float
+
+    @classmethod
+    def window(cls, rows: list[dict], start: float, end: float) -> "ArmSteps | None":
+        """The steps that began inside one request's [start, end] (perf_counter), or None with fewer than 10."""
+        inside = [r for r in rows if start <= r["t"] <= end]
+        return cls.of(inside, 0) if len([r for r in inside if r["b"] == 1]) >= 10 else None
+
+    @classmethod
+    def of(cls, rows: list[dict], skip: int) -> "ArmSteps":
+        rows = [r for r in rows if r["b"] == 1][skip:]
+        if len(rows) < 10:
+            raise RuntimeError(f"only {len(rows)} timed decode steps of batch 1 (K3_STEP_TIMING wrote too few)")
+        med = lambda xs: statistics.median(xs)  # noqa: E731
+        host = [r["loop"] - r["fwd"] for r in rows]
+        return cls(len(rows), med([r["loop"] for r in rows]), med([r["fwd"] for r in rows]), med(host),
+                   statistics.fmean(host), med([r["run"] - r["fwd"] for r in rows]), med([r["result"] for r in rows]),
+                   med([r["loop"] - r["run"] - r["result"] for r in rows]))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-impl", choices=("portable", "sglang", "both"), default="both",
+                        help="which K3 the arms serve (default both, one after the other)")
+    parser.add_argument("--arms", nargs="+", choices=tuple(ARM_HELP), default=list(ARM_HELP),
+                        help="default A D C (A is always included)")
+    parser.add_argument("--requests", type=int, default=12, help="requests per arm (default 12)")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens per request (default 96)")
+    parser.add_argument("--prompt-tokens", type=int, default=128, help="prompt length (default 128)")
+    parser.add_argument("--width", type=int, default=8, help="--speculative-num-draft-tokens of D and C (default 8)")
+    parser.add_argument("--out", default=str(DOC), help=f"report (default {DOC}; '-': none)")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    from k3_sglang.cli import CliError
+
+    if args.requests < 2 or args.max_new_tokens < 16:
+        raise CliError("--requests must be >= 2 and --max-new-tokens >= 16 (steady steps to time)")
+    if not 2 <= args.width <= 16:
+        raise CliError("--width must be in 2..16")
+    if "A" not in args.arms:
+        args.arms = ["A", *args.arms]
+
+
+def arm_env(arm: str, impl: str, steps_prefix: Path) -> dict[str, str]:
+    """The environment of one arm's server (module docstring)."""
+    from k3_sglang.tooling.bench.verify import COST, COST_SGLANG
+
+    env = {"K3_MODEL_IMPL": impl, "K3_STEP_TIMING": str(steps_prefix)}
+    if arm == "A":
+        return env
+    if arm == "D":
+        return {**env, "K3_SPEC_VERIFY_MODE": "decode"}
+    cost = COST_SGLANG if impl == "sglang" else COST
+    return {**env, "K3_SPEC_VERIFY_MODE": "compact", "K3_SPEC_DRAFTER": "lookup",
+            "K3_SPEC_COST_TABLE": str(cost.resolve())}
+
+
+def run_model(args: argparse.Namespace, impl: str, work: Path) -> dict:
+    """Start the arms for one model, interleave the requests, stop them; per arm: ArmSteps, client decode tok/s,
+    the token ids of every request."""
+    from k3_sglang.serving.process import K3ServerProcess
+    from k3_sglang.tooling.bench.profile_verify import client
+    from k3_sglang.tooling.bench.verify import _post_all, chat_prompt, stream_one
+    from k3_sglang.tooling.step_timing import read_steps
+
+    flags = ["--disable-radix-cache", "--max-running-requests", "8", "--max-total-tokens", "32768"]
+    spec = ["--speculative-algorithm", "K3_CSV", "--speculative-num-draft-tokens", str(args.width)]
+    servers: dict[str, K3ServerProcess] = {}
+    prefixes = {arm: work / f"steps-{impl}-{arm}" for arm in args.arms}
+    prompts = [chat_prompt(args.prompt_tokens, 7_000 + i) for i in range(args.requests)]
+    results: dict[str, list] = {arm: [] for arm in args.arms}
+    try:
+        for arm in args.arms:
+            servers[arm] = K3ServerProcess(flags + ([] if arm == "A" else spec), work / f"serve-{impl}-{arm}.log",
+                                           env=arm_env(arm, impl, prefixes[arm])).start(timeout_s=900)
+            _post_all(servers[arm].url, [chat_prompt(args.prompt_tokens, 99_000 + i) for i in range(2)], 32, 1)
+        with client(1) as http:
+            for i, ids in enumerate(prompts):
+                shift = i % len(args.arms)
+                order = args.arms[shift:] + args.arms[:shift]
+                for arm in order:
+                    t0 = time.perf_counter()
+                    res = stream_one(http, servers[arm].url, f"{impl}/{i}", ids, args.max_new_tokens)
+                    results[arm].append((res, t0, time.perf_counter()))
+                print(f"{impl}: request {i + 1}/{len(prompts)} on {', '.join(order)}", flush=True)
+    finally:
+        for s in servers.values():
+            s.stop()
+    out = {}
+    skip = 2 * 31  # the warm-up requests' decode steps
+    for arm in args.arms:
+        reqs = [r for r, _, _ in results[arm]]
+        rows = read_steps(prefixes[arm])
+        tokens = sum(len(r.output_ids) - 1 for r in reqs)
+        out[arm] = {"steps": ArmSteps.of(rows, skip), "decode_tps": tokens / sum(r.decode_s for r in reqs),
+                    "per_request": [ArmSteps.window(rows, t0, t1) for _, t0, t1 in results[arm]],
+                    "outputs": [r.output_ids for r in reqs]}
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from k3_sglang.tooling.bench.plain_decode_report import report
+    from k3_sglang.tooling.bench.profile_verify import stop_servers_on_signals
+
+    check_args(args)
+    stop_servers_on_signals()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_before = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="k3-bench-plain-decode-"))
+    impls = ["portable", "sglang"] if args.model_impl == "both" else [args.model_impl]
+    per_model = {impl: run_model(args, impl, work) for impl in impls}
+    text = report(args, started, load_before, per_model)
+    print(text)
+    if args.out != "-":
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,132 @@
+"""K3_STEP_TIMING (k3_sglang/tooling/step_timing.py) and the report math of `k3 bench plain-decode`: the step record
+against a scripted clock, the hooks against the installed SGLang (drift), inertness without the variable, and the
+settings' refusal of a prefix in a missing directory."""
+from __future__ import annotations
+
+import inspect
+import json
+import pkgutil
+
+import pytest
+
+from k3_sglang.tooling import step_timing
+from k3_sglang.tooling.bench.plain_decode import ArmSteps
+from k3_sglang.tooling.bench.plain_decode_report import extra_share
+from k3_sglang.tooling.step_timing import StepTimer, StepTimingSettings, read_steps
+
+
+class Clock:
+    def __init__(self, times):
+        self.times = list(times)
+
+    def __call__(self):
+        return self.times.pop(0)
+
+
+def test_a_decode_step_is_written_when_the_next_decode_step_begins(tmp_path):
+    path = tmp_path / "steps.7.jsonl"
+    timer = StepTimer(path, clock=Clock([10.0, 10.5, 11.25, 12.0]))
+    timer.begin(is_decode=True, batch_size=3)  # step 1 opens at 10.0
+    timer.add("run", 0.25)
+    timer.add("fwd", 0.2)
+    timer.add("fwd", 0.05)  # a step with two forwards sums them
+    timer.add("result", 0.125)
+    timer.begin(is_decode=True, batch_size=3)  # 10.5: step 1 closes (loop 0.5), step 2 opens
+    timer.add("fwd", 0.5)
+    timer.begin(is_decode=False, batch_size=1)  # 11.25: a prefill follows step 2, which is dropped
+    timer.add("fwd", 9.0)  # not a decode step: nothing is open
+    timer.begin(is_decode=True, batch_size=1)  # 12.0: a decode after a prefill opens a fresh step
+    timer.flush()
+    rows = read_steps(tmp_path / "steps")
+    assert rows == [{"t": 10.0, "b": 3, "loop": 0.5, "run": 0.25, "fwd": 0.25, "result": 0.125}]
+
+
+def test_records_are_buffered_and_flushed_in_blocks(tmp_path):
+    path = tmp_path / "s.1.jsonl"
+    ticks = iter(range(1000))
+    timer = StepTimer(path, clock=lambda: float(next(ticks)))
+    for _ in range(step_timing.FLUSH_EVERY):
+        timer.begin(True, 1)
+    assert not path.exists()  # FLUSH_EVERY - 1 closed steps wait in memory
+    timer.begin(True, 1)
+    lines = path.read_text().splitlines()
+    assert len(lines) == step_timing.FLUSH_EVERY and all(json.loads(x)["loop"] == 1.0 for x in lines)
+
+
+def test_hooks_time_the_wrapped_calls_into_the_open_step(tmp_path, monkeypatch):
+    timer = StepTimer(tmp_path / "h.1.jsonl")
+    monkeypatch.setattr(step_timing, "_timer", timer)
+
+    class Mode:
+        def __init__(self, decode):
+            self.decode = decode
+
+        def is_decode(self):
+            return self.decode
+
+    class Batch:
+        forward_mode = Mode(True)
+        reqs = [object(), object()]
+
+    calls = []
+    out = step_timing.time_run_batch(lambda self, batch: calls.append(batch) or "res", "sched", Batch())
+    assert out == "res" and calls and timer._open["b"] == 2 and timer._open["run"] > 0
+    step_timing.time_forward(lambda: None)
+    step_timing.time_process_result(lambda a, b: None, 1, 2)
+    assert timer._open["fwd"] > 0 and timer._open["result"] > 0
+    with pytest.raises(ValueError):  # an exception in the wrapped call still propagates
+        step_timing.time_forward(lambda: (_ for _ in ()).throw(ValueError("boom")))
+
+
+def test_every_target_exists_with_the_arguments_the_hooks_pass():
+    for target, hook, kind in step_timing.installed_hooks():
+        module, attr = target.rsplit(".", 1)
+        original = getattr(pkgutil.resolve_name(module), attr)
+        assert callable(original) and kind == "AROUND", target
+    from sglang.srt.managers.scheduler import Scheduler
+
+    assert list(inspect.signature(Scheduler.run_batch).parameters)[:2] == ["self", "batch"]
+
+
+def test_without_the_variable_register_installs_nothing(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    monkeypatch.delenv("K3_STEP_TIMING", raising=False)
+    registered = []
+    monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, *a, **k: registered.append(a)))
+    step_timing.register()
+    assert registered == [] and step_timing._timer is None
+
+
+def test_a_prefix_in_a_missing_directory_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="K3_STEP_TIMING"):
+        StepTimingSettings.from_env({"K3_STEP_TIMING": str(tmp_path / "nope" / "steps")})
+    assert StepTimingSettings.from_env({"K3_STEP_TIMING": str(tmp_path / "steps")}).step_timing
+
+
+def test_arm_medians_and_the_share_above_the_base_arm():
+    rows = [{"b": 1, "loop": 0.030, "run": 0.0292, "fwd": 0.029, "result": 0.0003} for _ in range(20)]
+    rows += [{"b": 4, "loop": 9.0, "run": 9.0, "fwd": 1.0, "result": 0.0}]  # other batch sizes are left out
+    base = ArmSteps.of(rows, skip=2)
+    assert base.steps == 18 and base.host == pytest.approx(0.001) and base.forward == pytest.approx(0.029)
+    assert base.run_outside_forward == pytest.approx(0.0002) and base.rest == pytest.approx(0.0005)
+    slower = ArmSteps.of([{**r, "loop": r["loop"] + 0.0003} for r in rows], skip=2)
+    assert extra_share(slower, base) == pytest.approx(0.01)
+    with pytest.raises(RuntimeError, match="too few"):
+        ArmSteps.of(rows[:5], skip=0)
+
+
+def test_paired_shares_compare_each_request_with_the_base_arms_same_request():
+    from k3_sglang.tooling.bench.plain_decode_report import paired_shares
+
+    def rows(t0, host, fwd, n=12):
+        return [{"t": t0 + i, "b": 1, "loop": fwd + host, "run": fwd, "fwd": fwd, "result": 0.0} for i in range(n)]
+
+    # request 0 ran on a fast machine, request 1 on one twice as slow: the pair still shows the arm's extra host time
+    base = rows(0, 0.001, 0.020) + rows(100, 0.002, 0.040)
+    arm = rows(50, 0.0012, 0.020) + rows(150, 0.0024, 0.040)
+    win = lambda rs, t: ArmSteps.window(rs, t, t + 20)  # noqa: E731
+    shares = paired_shares([win(arm, 50), win(arm, 150)], [win(base, 0), win(base, 100)])
+    assert shares == pytest.approx([0.0002 / 0.021, 0.0004 / 0.042])
+    assert ArmSteps.window(base, 1000, 2000) is None  # no steps in that request: left out
+    assert paired_shares([None, win(arm, 150)], [win(base, 0), None]) == []
