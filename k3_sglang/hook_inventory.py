@@ -112,7 +112,7 @@ def _dcp_mla_hooks():
 
 
 def _step_timing_hooks():
-    from k3_sglang.tooling import step_timing
+    from k3_sglang.serving import step_timing
 
     return step_timing.installed_hooks()
 
@@ -140,7 +140,7 @@ HOOK_SETS = (
             "tests/unit/test_hicache_hooks.py"),
     HookSet("k3_sglang.hicache.hooks", "as above, only with K3_HICACHE_FAULT=corrupt-restored-kda (tests' sabotage)",
             _hicache_fault_hooks, "tests/unit/test_hicache_hooks.py"),
-    HookSet("k3_sglang.tooling.step_timing", "any process with K3_STEP_TIMING set (`k3 bench plain-decode`)",
+    HookSet("k3_sglang.serving.step_timing", "any process with K3_STEP_TIMING set (`k3 bench plain-decode`)",
             _step_timing_hooks, "tests/unit/test_step_timing.py"),
 )
 

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from k3_sglang.serving.process import K3ServerProcess
-from k3_sglang.tooling.step_timing import read_steps
+from k3_sglang.serving.step_timing import read_steps
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 

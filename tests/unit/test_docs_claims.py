@@ -16,7 +16,7 @@ from k3_sglang.serving.portable_limits import SUPPORTED_PARALLEL_SIZES, SUPPORTE
 from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
 from k3_sglang.spec.settings import SpecSettings
-from k3_sglang.tooling.step_timing import StepTimingSettings
+from k3_sglang.serving.step_timing import StepTimingSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -1,4 +1,4 @@
-"""K3_STEP_TIMING (k3_sglang/tooling/step_timing.py) and the report math of `k3 bench plain-decode`: the step record
+"""K3_STEP_TIMING (k3_sglang/serving/step_timing.py) and the report math of `k3 bench plain-decode`: the step record
 against a scripted clock, the hooks against the installed SGLang (drift), inertness without the variable, and the
 settings' refusal of a prefix in a missing directory."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pkgutil
 
 import pytest
 
-from k3_sglang.tooling import step_timing
+from k3_sglang.serving import step_timing
 from k3_sglang.tooling.bench.plain_decode import ArmSteps
 from k3_sglang.tooling.bench.plain_decode_report import extra_share
-from k3_sglang.tooling.step_timing import StepTimer, StepTimingSettings, read_steps
+from k3_sglang.serving.step_timing import StepTimer, StepTimingSettings, read_steps
 
 
 class Clock:

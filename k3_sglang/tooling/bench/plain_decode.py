@@ -7,7 +7,7 @@ Arms, all on one model, alive together, one greedy request at a time (concurrenc
      worker around a plain decode forward (the floor of what speculation costs when it does not pay);
   C  K3_CSV compact (the planner, lookup drafter, the model's cost table) on random prompts, where it settles into
      plain decoding and only probes (spec/policy.py).
-Every server runs with K3_STEP_TIMING (k3_sglang/tooling/step_timing.py): each decode step's whole scheduler loop,
+Every server runs with K3_STEP_TIMING (k3_sglang/serving/step_timing.py): each decode step's whole scheduler loop,
 split into the model forward and host time (loop - forward), and host time into run_batch outside the forward,
 process_batch_result, and the rest of the loop (receiving requests, building the next batch). The report compares
 host time per step with A's, as a share of A's step (docs/bench-plain-decode.md).
@@ -102,7 +102,7 @@ def run_model(args: argparse.Namespace, impl: str, work: Path) -> dict:
     from k3_sglang.serving.process import K3ServerProcess
     from k3_sglang.tooling.bench.profile_verify import client
     from k3_sglang.tooling.bench.verify import _post_all, chat_prompt, stream_one
-    from k3_sglang.tooling.step_timing import read_steps
+    from k3_sglang.serving.step_timing import read_steps
 
     flags = ["--disable-radix-cache", "--max-running-requests", "8", "--max-total-tokens", "32768"]
     spec = ["--speculative-algorithm", "K3_CSV", "--speculative-num-draft-tokens", str(args.width)]

@@ -83,7 +83,7 @@ def report(args, started, load_before, per_model: dict) -> str:
         "```", "",
         "Servers: the tiny K3 (random weights) in bf16 with `k3 serve` defaults, `--disable-radix-cache`, SGLang "
         "0.5.23 on CPU, every arm alive at once and every server with `K3_STEP_TIMING` "
-        "(k3_sglang/tooling/step_timing.py). Requests: one at a time, greedy, random prompts by input_ids, "
+        "(k3_sglang/serving/step_timing.py). Requests: one at a time, greedy, random prompts by input_ids, "
         "ignore_eos; the arms take turns per request in a rotating order. A decode step's *step* is one whole "
         "scheduler loop (run_batch to the next run_batch); *host* = step - model forward, split into run_batch "
         "outside the forward (SGLang's speculative path and K3_CSV's worker), process_batch_result, and the rest of "
