@@ -130,3 +130,23 @@ def test_paired_shares_compare_each_request_with_the_base_arms_same_request():
     assert shares == pytest.approx([0.0002 / 0.021, 0.0004 / 0.042])
     assert ArmSteps.window(base, 1000, 2000) is None  # no steps in that request: left out
     assert paired_shares([None, win(arm, 150)], [win(base, 0), None]) == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "plain-decode", "--requests", "1", "--out", "-"], "--requests must be >= 2"),
+    (["bench", "plain-decode", "--max-new-tokens", "8", "--out", "-"], "--max-new-tokens >= 16"),
+    (["bench", "plain-decode", "--width", "32", "--out", "-"], "--width must be in 2..16"),
+])
+def test_bad_plain_decode_arguments_exit_2_before_starting_servers(argv, message, capsys):
+    from k3_sglang.cli import main
+
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_arm_c_without_a_cost_table_exits_2(tmp_path, monkeypatch, capsys):
+    from k3_sglang.cli import main
+
+    monkeypatch.chdir(tmp_path)  # docs/verify-cost-cpu.json is relative to the working directory
+    assert main(["bench", "plain-decode", "--model-impl", "portable", "--arms", "C", "--out", "-"]) == 2
+    assert "run `k3 bench profile-verify` first" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DOC = Path("docs/bench-plain-decode.md")
+WARM_REQUESTS, WARM_TOKENS = 2, 32  # per server before timing; their decode steps are skipped
 ARM_HELP = {"A": "no speculation", "D": "K3_CSV, verify mode `decode` (never drafts)",
             "C": "K3_CSV compact (planner + lookup drafter), settles into plain decode"}
 
@@ -52,7 +53,7 @@ class ArmSteps:
         rows = [r for r in rows if r["b"] == 1][skip:]
         if len(rows) < 10:
             raise RuntimeError(f"only {len(rows)} timed decode steps of batch 1 (K3_STEP_TIMING wrote too few)")
-        med = lambda xs: statistics.median(xs)  # noqa: E731
+        med = statistics.median
         host = [r["loop"] - r["fwd"] for r in rows]
         return cls(len(rows), med([r["loop"] for r in rows]), med([r["fwd"] for r in rows]), med(host),
                    statistics.fmean(host), med([r["run"] - r["fwd"] for r in rows]), med([r["result"] for r in rows]),
@@ -80,20 +81,33 @@ def check_args(args: argparse.Namespace) -> None:
         raise CliError("--width must be in 2..16")
     if "A" not in args.arms:
         args.arms = ["A", *args.arms]
+    if "C" in args.arms:
+        for impl in _impls(args):
+            cost = _cost_table(impl)
+            if not cost.is_file():
+                raise CliError(f"no cost table at {cost} for arm C: run `k3 bench profile-verify"
+                               f"{' --model-impl sglang' if impl == 'sglang' else ''}` first")
+
+
+def _impls(args: argparse.Namespace) -> list[str]:
+    return ["portable", "sglang"] if args.model_impl == "both" else [args.model_impl]
+
+
+def _cost_table(impl: str) -> Path:
+    from k3_sglang.tooling.bench.verify import COST, COST_SGLANG
+
+    return COST_SGLANG if impl == "sglang" else COST
 
 
 def arm_env(arm: str, impl: str, steps_prefix: Path) -> dict[str, str]:
     """The environment of one arm's server (module docstring)."""
-    from k3_sglang.tooling.bench.verify import COST, COST_SGLANG
-
     env = {"K3_MODEL_IMPL": impl, "K3_STEP_TIMING": str(steps_prefix)}
     if arm == "A":
         return env
     if arm == "D":
         return {**env, "K3_SPEC_VERIFY_MODE": "decode"}
-    cost = COST_SGLANG if impl == "sglang" else COST
     return {**env, "K3_SPEC_VERIFY_MODE": "compact", "K3_SPEC_DRAFTER": "lookup",
-            "K3_SPEC_COST_TABLE": str(cost.resolve())}
+            "K3_SPEC_COST_TABLE": str(_cost_table(impl).resolve())}
 
 
 def run_model(args: argparse.Namespace, impl: str, work: Path) -> dict:
@@ -114,7 +128,8 @@ def run_model(args: argparse.Namespace, impl: str, work: Path) -> dict:
         for arm in args.arms:
             servers[arm] = K3ServerProcess(flags + ([] if arm == "A" else spec), work / f"serve-{impl}-{arm}.log",
                                            env=arm_env(arm, impl, prefixes[arm])).start(timeout_s=900)
-            _post_all(servers[arm].url, [chat_prompt(args.prompt_tokens, 99_000 + i) for i in range(2)], 32, 1)
+            warm = [chat_prompt(args.prompt_tokens, 99_000 + i) for i in range(WARM_REQUESTS)]
+            _post_all(servers[arm].url, warm, WARM_TOKENS, 1)
         with client(1) as http:
             for i, ids in enumerate(prompts):
                 shift = i % len(args.arms)
@@ -128,7 +143,7 @@ def run_model(args: argparse.Namespace, impl: str, work: Path) -> dict:
         for s in servers.values():
             s.stop()
     out = {}
-    skip = 2 * 31  # the warm-up requests' decode steps
+    skip = WARM_REQUESTS * (WARM_TOKENS - 1)  # the warm-up requests' decode steps (the first token is prefill's)
     for arm in args.arms:
         reqs = [r for r, _, _ in results[arm]]
         rows = read_steps(prefixes[arm])
@@ -148,8 +163,7 @@ def run(args: argparse.Namespace) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="k3-bench-plain-decode-"))
-    impls = ["portable", "sglang"] if args.model_impl == "both" else [args.model_impl]
-    per_model = {impl: run_model(args, impl, work) for impl in impls}
+    per_model = {impl: run_model(args, impl, work) for impl in _impls(args)}
     text = report(args, started, load_before, per_model)
     print(text)
     if args.out != "-":
