@@ -11,7 +11,9 @@ With `K3_STEP_TIMING=<prefix>` every scheduler process appends one JSON line per
 `loop` covers one whole scheduler iteration (run_batch, process_batch_result, receiving requests and building the
 next batch), so `loop - fwd` is what the server spends per step besides the model itself: scheduler bookkeeping,
 SGLang's speculative path, K3_CSV's worker. A step is written when the next decode step starts right after it
-(steps followed by a prefill or an idle loop are left out). `k3 bench plain-decode` reads these files.
+(steps followed by a prefill or an idle loop are left out). The loop only appends records to a buffer; a daemon
+thread writes the buffer every FLUSH_SECONDS (so a server stopped by a signal, which runs no atexit, loses at most
+that much: wait FLUSH_SECONDS after the last request before stopping it). `k3 bench plain-decode` reads these files.
 
 Three AROUND hooks through SGLang's HookRegistry (k3_sglang/hook_inventory.py), for measurement only.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -30,7 +33,7 @@ from k3_sglang.env_settings import EnvModel
 RUN_BATCH_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 RESULT_TARGET = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
 FORWARD_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
-FLUSH_EVERY = 32  # records buffered per file write (the write is host time inside the measured loop)
+FLUSH_SECONDS = 0.5  # the background writer's period (the loop itself never writes the file)
 
 
 class StepTimingSettings(EnvModel):
@@ -47,23 +50,25 @@ class StepTimingSettings(EnvModel):
 
 
 class StepTimer:
-    """Accumulates one decode step at a time and writes it once the next decode step begins."""
+    """Accumulates one decode step at a time and buffers it once the next decode step begins; `flush` (the writer
+    thread, and atexit) appends the buffer to the file."""
 
     def __init__(self, path: Path, clock=time.perf_counter):
         self.path, self.clock = path, clock
         self._open: dict | None = None  # the decode step in flight: b, t0, run, fwd, result
         self._lines: list[str] = []
+        self._lock = threading.Lock()  # the loop appends, the writer thread takes the buffer
 
     def begin(self, is_decode: bool, batch_size: int) -> None:
-        """run_batch starts: close the previous step (written only when this one is a decode step too)."""
+        """run_batch starts: close the previous step (kept only when this one is a decode step too)."""
         now = self.clock()
         prev, self._open = self._open, None
         if prev is not None and is_decode:
             row = {"t": prev["t0"], "b": prev["b"], "loop": now - prev["t0"], "run": prev["run"], "fwd": prev["fwd"],
                    "result": prev["result"]}
-            self._lines.append(json.dumps(row))
-            if len(self._lines) >= FLUSH_EVERY:
-                self.flush()
+            line = json.dumps(row)
+            with self._lock:
+                self._lines.append(line)
         if is_decode:
             self._open = {"b": batch_size, "t0": now, "run": 0.0, "fwd": 0.0, "result": 0.0}
 
@@ -72,10 +77,22 @@ class StepTimer:
             self._open[field] += seconds
 
     def flush(self) -> None:
-        if self._lines:
+        with self._lock:
+            lines, self._lines = self._lines, []
+        if lines:
             with self.path.open("a") as f:
-                f.write("\n".join(self._lines) + "\n")
-            self._lines.clear()
+                f.write("\n".join(lines) + "\n")
+
+    def start_writer(self, every: float = FLUSH_SECONDS) -> threading.Thread:
+        """A daemon thread that flushes every `every` seconds for the life of the process."""
+        def write_forever():
+            while True:
+                time.sleep(every)
+                self.flush()
+
+        thread = threading.Thread(target=write_forever, name="k3-step-timing-writer", daemon=True)
+        thread.start()
+        return thread
 
 
 _timer: StepTimer | None = None
@@ -123,6 +140,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     _timer = StepTimer(Path(f"{prefix}.{os.getpid()}.jsonl"))
+    _timer.start_writer()
     atexit.register(_timer.flush)
     for target, hook, kind in installed_hooks():
         HookRegistry.register(target, hook, HookType[kind])

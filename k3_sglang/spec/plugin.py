@@ -18,12 +18,35 @@ from k3_sglang.spec.settings import ALGORITHM
 ASSIGN_TARGET = "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"
 
 
+LOOP_MAX_BATCH = 4  # up to this many requests a slice per request is cheaper than the batched scatter
+
+
 def assign_req_to_token_pool_torch(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
                                    start_offset: torch.Tensor, end_offset: torch.Tensor,
                                    out_cache_loc: torch.Tensor, batch_size: int) -> None:
     """req_to_token[req_pool_indices[b], start[b]:end[b]] = the b-th run of out_cache_loc (runs packed in order).
 
-    req_pool_indices [B], start/end_offset [B] int, out_cache_loc [sum(end - start)]; req_to_token [R, ctx]."""
+    req_pool_indices [B], start/end_offset [B] int, out_cache_loc [>= sum(end - start)]; req_to_token [R, ctx].
+    Every speculative decode step writes one run per request: a slice each for a few requests, one scatter for more
+    (a fixed handful of tensor ops instead of one per request; docs/spec.md, "What a K3_CSV server costs when it
+    decides plain decode", has what this writer still costs per step)."""
+    if batch_size <= LOOP_MAX_BATCH:
+        _assign_per_request(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, batch_size)
+        return
+    start = start_offset[:batch_size].to(torch.int64)
+    lens = (end_offset[:batch_size].to(torch.int64) - start).clamp_min(0)
+    total = int(lens.sum())
+    if total == 0:
+        return
+    rows = torch.repeat_interleave(req_pool_indices[:batch_size].to(torch.int64), lens, output_size=total)
+    # column of packed element i of run b = start[b] + (i - first packed index of run b)
+    shift = torch.repeat_interleave(start - (torch.cumsum(lens, 0) - lens), lens, output_size=total)
+    cols = torch.arange(total, device=shift.device) + shift
+    req_to_token[rows, cols] = out_cache_loc[:total].to(req_to_token.dtype)
+
+
+def _assign_per_request(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
+                        batch_size: int) -> None:
     starts, ends = start_offset[:batch_size].tolist(), end_offset[:batch_size].tolist()
     rows = req_pool_indices[:batch_size].tolist()
     at = 0

@@ -92,6 +92,33 @@ def test_assign_req_to_token_pool_torch():
     assert bool((untouched == -7).all())
 
 
+@pytest.mark.parametrize("batch", [1, 3, 4, 5, 16, 64])
+def test_assign_req_to_token_pool_torch_matches_a_plain_loop_on_random_runs(batch):
+    """Both paths (a slice per request up to LOOP_MAX_BATCH, one scatter above) against a reference that writes one
+    element at a time; empty runs (a request that committed nothing new) and a poisoned pool so stray writes show."""
+    from k3_sglang.spec.plugin import LOOP_MAX_BATCH
+
+    assert LOOP_MAX_BATCH < 5
+    gen = torch.Generator().manual_seed(batch)
+    for trial in range(5):
+        req_to_token = torch.full((96, 64), -7, dtype=torch.int32)
+        rows = torch.randperm(96, generator=gen)[:batch]
+        starts = torch.randint(0, 40, (batch,), generator=gen, dtype=torch.int32)
+        lens = torch.randint(0, 9, (batch,), generator=gen, dtype=torch.int32)
+        if trial == 0:
+            lens[::2] = 0
+        ends = starts + lens
+        locs = torch.randint(0, 1 << 30, (int(lens.sum()) + 3,), generator=gen, dtype=torch.int64)  # 3 spare
+        expect = req_to_token.clone()
+        at = 0
+        for r, lo, n in zip(rows.tolist(), starts.tolist(), lens.tolist()):
+            for j in range(n):
+                expect[r, lo + j] = int(locs[at])
+                at += 1
+        assign_req_to_token_pool_torch(rows, req_to_token, starts, ends, locs, batch)
+        assert torch.equal(req_to_token, expect), (batch, trial)
+
+
 def test_settings_errors(monkeypatch, tmp_path):
     monkeypatch.setenv("K3_SPEC_VERIFY_MODE", "sometimes")
     with pytest.raises(ValueError, match="K3_SPEC_VERIFY_MODE must be one of"):

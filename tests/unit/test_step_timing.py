@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import pkgutil
+import time
 
 import pytest
 
@@ -41,16 +42,21 @@ def test_a_decode_step_is_written_when_the_next_decode_step_begins(tmp_path):
     assert rows == [{"t": 10.0, "b": 3, "loop": 0.5, "run": 0.25, "fwd": 0.25, "result": 0.125}]
 
 
-def test_records_are_buffered_and_flushed_in_blocks(tmp_path):
+def test_the_writer_thread_writes_every_closed_step_once_while_the_loop_runs(tmp_path):
     path = tmp_path / "s.1.jsonl"
-    ticks = iter(range(1000))
+    ticks = iter(range(10_000))
     timer = StepTimer(path, clock=lambda: float(next(ticks)))
-    for _ in range(step_timing.FLUSH_EVERY):
-        timer.begin(True, 1)
-    assert not path.exists()  # FLUSH_EVERY - 1 closed steps wait in memory
     timer.begin(True, 1)
+    timer.begin(True, 1)
+    assert not path.exists()  # the loop itself never writes
+    timer.start_writer(every=0.001)
+    for _ in range(2_000):  # the loop keeps appending while the writer takes the buffer
+        timer.begin(True, 1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (not path.exists() or len(path.read_text().splitlines()) < 2_001):
+        time.sleep(0.01)
     lines = path.read_text().splitlines()
-    assert len(lines) == step_timing.FLUSH_EVERY and all(json.loads(x)["loop"] == 1.0 for x in lines)
+    assert len(lines) == 2_001 and [json.loads(x)["t"] for x in lines] == [float(i) for i in range(2_001)]
 
 
 def test_hooks_time_the_wrapped_calls_into_the_open_step(tmp_path, monkeypatch):
@@ -132,10 +138,28 @@ def test_paired_shares_compare_each_request_with_the_base_arms_same_request():
     assert paired_shares([None, win(arm, 150)], [win(base, 0), None]) == []
 
 
+def test_a_concurrency_section_times_only_its_rounds_steps_of_its_batch_size():
+    from k3_sglang.tooling.bench.plain_decode import arm_result
+    from k3_sglang.tooling.bench.verify import RequestResult
+
+    def rows(t0, b, host, n=12):
+        return [{"t": t0 + i, "b": b, "loop": 0.030 + host, "run": 0.030, "fwd": 0.030, "result": 0.0}
+                for i in range(n)]
+
+    # warm-up at batch 1 before the rounds, each round's ramp at batch 3, a stray batch-1 step inside a round
+    steps = rows(0, 1, 0.5) + rows(100, 3, 0.9, 3) + rows(103, 4, 0.001) + rows(115, 1, 0.7, 1) + rows(200, 4, 0.003)
+    reqs = [RequestResult(f"r{i}", 0.1, 1.0, (1, 2, 3), None) for i in range(4)]
+    out = arm_result(steps, [(reqs, 100, 150), (reqs, 200, 250)], 4)
+    assert out["steps"].steps == 24 and out["steps"].host_mean == pytest.approx(0.002)
+    assert [w.host for w in out["per_request"]] == pytest.approx([0.001, 0.003])
+    assert out["decode_tps"] == pytest.approx(4 * 8 * 2 / 8.0) and len(out["outputs"]) == 8
+
+
 @pytest.mark.parametrize("argv, message", [
     (["bench", "plain-decode", "--requests", "1", "--out", "-"], "--requests must be >= 2"),
     (["bench", "plain-decode", "--max-new-tokens", "8", "--out", "-"], "--max-new-tokens >= 16"),
     (["bench", "plain-decode", "--width", "32", "--out", "-"], "--width must be in 2..16"),
+    (["bench", "plain-decode", "--concurrency", "1", "65", "--out", "-"], "--concurrency values must be in 1..64"),
 ])
 def test_bad_plain_decode_arguments_exit_2_before_starting_servers(argv, message, capsys):
     from k3_sglang.cli import main

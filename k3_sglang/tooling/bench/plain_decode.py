@@ -1,7 +1,8 @@
 """`k3 bench plain-decode`: what a K3_CSV server that decides "plain decode" costs next to a no-spec server, per step.
 
-Arms, all on one model, alive together, one greedy request at a time (concurrency 1), arms interleaved per request
-(the order rotates), so the machine's drift over seconds lands on every arm alike:
+Arms, all on one model, alive together, taking turns per round (the order rotates): a round is c greedy requests
+released together on one arm (c from --concurrency, 1 by default), so the machine's drift over seconds lands on every
+arm alike:
   A  no speculation;
   D  K3_CSV with K3_SPEC_VERIFY_MODE=decode: never drafts, so every step is SGLang's speculative path plus our
      worker around a plain decode forward (the floor of what speculation costs when it does not pay);
@@ -10,7 +11,8 @@ Arms, all on one model, alive together, one greedy request at a time (concurrenc
 Every server runs with K3_STEP_TIMING (k3_sglang/serving/step_timing.py): each decode step's whole scheduler loop,
 split into the model forward and host time (loop - forward), and host time into run_batch outside the forward,
 process_batch_result, and the rest of the loop (receiving requests, building the next batch). The report compares
-host time per step with A's, as a share of A's step (docs/bench-plain-decode.md).
+mean host time per step of batch c with A's, as a share of A's step (docs/bench-plain-decode.md). A settled C still
+drafts and plans for all c requests on its probe steps.
 """
 from __future__ import annotations
 
@@ -24,14 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DOC = Path("docs/bench-plain-decode.md")
-WARM_REQUESTS, WARM_TOKENS = 2, 32  # per server before timing; their decode steps are skipped
+WARM_REQUESTS, WARM_TOKENS = 2, 32  # per server before timing (outside every timed round)
+MAX_CONCURRENCY = 64
 ARM_HELP = {"A": "no speculation", "D": "K3_CSV, verify mode `decode` (never drafts)",
             "C": "K3_CSV compact (planner + lookup drafter), settles into plain decode"}
 
 
 @dataclass(frozen=True)
 class ArmSteps:
-    """Medians (seconds) over one arm's decode steps of batch size 1, after the warm-up steps."""
+    """Medians (seconds) over one arm's decode steps of batch size `batch` (its rounds' c)."""
 
     steps: int
     loop: float
@@ -43,16 +46,17 @@ class ArmSteps:
     rest: float
 
     @classmethod
-    def window(cls, rows: list[dict], start: float, end: float) -> "ArmSteps | None":
-        """The steps that began inside one request's [start, end] (perf_counter), or None with fewer than 10."""
-        inside = [r for r in rows if start <= r["t"] <= end]
-        return cls.of(inside, 0) if len([r for r in inside if r["b"] == 1]) >= 10 else None
+    def window(cls, rows: list[dict], start: float, end: float, batch: int = 1) -> "ArmSteps | None":
+        """The steps that began inside one round's [start, end] (perf_counter), or None with fewer than 10 of them
+        at batch size `batch`."""
+        inside = inside_windows(rows, [(start, end)])
+        return cls.of(inside, 0, batch) if len([r for r in inside if r["b"] == batch]) >= 10 else None
 
     @classmethod
-    def of(cls, rows: list[dict], skip: int) -> "ArmSteps":
-        rows = [r for r in rows if r["b"] == 1][skip:]
+    def of(cls, rows: list[dict], skip: int, batch: int = 1) -> "ArmSteps":
+        rows = [r for r in rows if r["b"] == batch][skip:]
         if len(rows) < 10:
-            raise RuntimeError(f"only {len(rows)} timed decode steps of batch 1 (K3_STEP_TIMING wrote too few)")
+            raise RuntimeError(f"only {len(rows)} timed decode steps of batch {batch} (K3_STEP_TIMING wrote too few)")
         med = statistics.median
         host = [r["loop"] - r["fwd"] for r in rows]
         return cls(len(rows), med([r["loop"] for r in rows]), med([r["fwd"] for r in rows]), med(host),
@@ -60,12 +64,19 @@ class ArmSteps:
                    med([r["loop"] - r["run"] - r["result"] for r in rows]))
 
 
+def inside_windows(rows: list[dict], windows: list[tuple[float, float]]) -> list[dict]:
+    """The step rows that began inside any of the [start, end] windows (the timed rounds; warm-up is outside)."""
+    return [r for r in rows if any(start <= r["t"] <= end for start, end in windows)]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-impl", choices=("portable", "sglang", "both"), default="both",
                         help="which K3 the arms serve (default both, one after the other)")
     parser.add_argument("--arms", nargs="+", choices=tuple(ARM_HELP), default=list(ARM_HELP),
                         help="default A D C (A is always included)")
-    parser.add_argument("--requests", type=int, default=12, help="requests per arm (default 12)")
+    parser.add_argument("--requests", type=int, default=12, help="rounds per arm and concurrency (default 12)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1],
+                        help="requests released together per round (default 1; each value is its own section)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens per request (default 96)")
     parser.add_argument("--prompt-tokens", type=int, default=128, help="prompt length (default 128)")
     parser.add_argument("--width", type=int, default=8, help="--speculative-num-draft-tokens of D and C (default 8)")
@@ -79,6 +90,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise CliError("--requests must be >= 2 and --max-new-tokens >= 16 (steady steps to time)")
     if not 2 <= args.width <= 16:
         raise CliError("--width must be in 2..16")
+    if not all(1 <= c <= MAX_CONCURRENCY for c in args.concurrency):
+        raise CliError(f"--concurrency values must be in 1..{MAX_CONCURRENCY}")
     if "A" not in args.arms:
         args.arms = ["A", *args.arms]
     if "C" in args.arms:
@@ -111,47 +124,53 @@ def arm_env(arm: str, impl: str, steps_prefix: Path) -> dict[str, str]:
 
 
 def run_model(args: argparse.Namespace, impl: str, work: Path) -> dict:
-    """Start the arms for one model, interleave the requests, stop them; per arm: ArmSteps, client decode tok/s,
-    the token ids of every request."""
+    """Start the arms for one model, run every concurrency's rounds with the arms taking turns, stop them; per
+    concurrency and arm: ArmSteps over its rounds, per-round ArmSteps, client decode tok/s, every request's tokens."""
     from k3_sglang.serving.process import K3ServerProcess
-    from k3_sglang.tooling.bench.profile_verify import client
-    from k3_sglang.tooling.bench.verify import _post_all, chat_prompt, stream_one
-    from k3_sglang.serving.step_timing import read_steps
+    from k3_sglang.serving.step_timing import FLUSH_SECONDS, read_steps
+    from k3_sglang.tooling.bench.verify import _post_all, chat_prompt, run_cell
 
-    flags = ["--disable-radix-cache", "--max-running-requests", "8", "--max-total-tokens", "32768"]
+    running = str(max(8, *args.concurrency))
+    flags = ["--disable-radix-cache", "--max-running-requests", running, "--max-total-tokens", "32768"]
     spec = ["--speculative-algorithm", "K3_CSV", "--speculative-num-draft-tokens", str(args.width)]
     servers: dict[str, K3ServerProcess] = {}
     prefixes = {arm: work / f"steps-{impl}-{arm}" for arm in args.arms}
-    prompts = [chat_prompt(args.prompt_tokens, 7_000 + i) for i in range(args.requests)]
-    results: dict[str, list] = {arm: [] for arm in args.arms}
+    rounds: dict[int, dict[str, list]] = {c: {arm: [] for arm in args.arms} for c in args.concurrency}
     try:
         for arm in args.arms:
             servers[arm] = K3ServerProcess(flags + ([] if arm == "A" else spec), work / f"serve-{impl}-{arm}.log",
                                            env=arm_env(arm, impl, prefixes[arm])).start(timeout_s=900)
             warm = [chat_prompt(args.prompt_tokens, 99_000 + i) for i in range(WARM_REQUESTS)]
             _post_all(servers[arm].url, warm, WARM_TOKENS, 1)
-        with client(1) as http:
-            for i, ids in enumerate(prompts):
+        for c in args.concurrency:
+            for i in range(args.requests):
+                keyed = [(f"{impl}/c{c}/{i}/{j}", chat_prompt(args.prompt_tokens, 7_000 + 1_000 * c + c * i + j))
+                         for j in range(c)]
                 shift = i % len(args.arms)
                 order = args.arms[shift:] + args.arms[:shift]
                 for arm in order:
                     t0 = time.perf_counter()
-                    res = stream_one(http, servers[arm].url, f"{impl}/{i}", ids, args.max_new_tokens)
-                    results[arm].append((res, t0, time.perf_counter()))
-                print(f"{impl}: request {i + 1}/{len(prompts)} on {', '.join(order)}", flush=True)
+                    _, res = run_cell(servers[arm].url, keyed, c, args.max_new_tokens)
+                    rounds[c][arm].append((sorted(res, key=lambda r: r.key), t0, time.perf_counter()))
+                print(f"{impl}: c={c} round {i + 1}/{args.requests} on {', '.join(order)}", flush=True)
+        time.sleep(3 * FLUSH_SECONDS)  # the servers' step writers take their last records (no atexit on a signal)
     finally:
         for s in servers.values():
             s.stop()
-    out = {}
-    skip = WARM_REQUESTS * (WARM_TOKENS - 1)  # the warm-up requests' decode steps (the first token is prefill's)
-    for arm in args.arms:
-        reqs = [r for r, _, _ in results[arm]]
-        rows = read_steps(prefixes[arm])
-        tokens = sum(len(r.output_ids) - 1 for r in reqs)
-        out[arm] = {"steps": ArmSteps.of(rows, skip), "decode_tps": tokens / sum(r.decode_s for r in reqs),
-                    "per_request": [ArmSteps.window(rows, t0, t1) for _, t0, t1 in results[arm]],
-                    "outputs": [r.output_ids for r in reqs]}
-    return out
+    rows = {arm: read_steps(prefixes[arm]) for arm in args.arms}
+    return {c: {arm: arm_result(rows[arm], rounds[c][arm], c) for arm in args.arms} for c in args.concurrency}
+
+
+def arm_result(rows: list[dict], rounds: list, c: int) -> dict:
+    """One arm at concurrency c: ArmSteps over its rounds' steps of batch c, each round's ArmSteps, client decode
+    tok/s (c x tokens after the first / stream time after the first, pooled) and every request's tokens."""
+    reqs = [r for res, _, _ in rounds for r in res]
+    tokens = sum(len(r.output_ids) - 1 for r in reqs)
+    windows = [(t0, t1) for _, t0, t1 in rounds]
+    return {"steps": ArmSteps.of(inside_windows(rows, windows), 0, c),
+            "decode_tps": c * tokens / sum(r.decode_s for r in reqs),
+            "per_request": [ArmSteps.window(rows, t0, t1, c) for t0, t1 in windows],
+            "outputs": [r.output_ids for r in reqs]}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="k3-bench-plain-decode-"))
-    per_model = {impl: run_model(args, impl, work) for impl in _impls(args)}
+    per_model = {impl: run_model(args, impl, work) for impl in _impls(args)}  # impl -> c -> arm -> result
     text = report(args, started, load_before, per_model)
     print(text)
     if args.out != "-":

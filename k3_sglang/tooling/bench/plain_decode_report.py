@@ -9,8 +9,9 @@ GOAL = 0.01  # the issue's bar: a server that decides plain decode costs at most
 
 
 def extra_share(arm_steps, base_steps) -> float:
-    """Host time per step above the base arm's, as a share of the base arm's whole step (loop)."""
-    return (arm_steps.host - base_steps.host) / base_steps.loop
+    """Mean host time per step above the base arm's, as a share of the base arm's whole step (loop p50). The mean,
+    not the median: a settled C drafts and plans on one step in PROBE_EVERY, and throughput pays every step."""
+    return (arm_steps.host_mean - base_steps.host_mean) / base_steps.loop
 
 
 def paired_shares(arm_windows, base_windows) -> list[float]:
@@ -30,12 +31,13 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
 
-def model_section(impl: str, arms: dict, help_text: dict[str, str]) -> list[str]:
+def model_section(impl: str, c: int, arms: dict, help_text: dict[str, str]) -> list[str]:
     base = arms["A"]["steps"]
     name = "SGLang's own K3 (`kimi_k3`)" if impl == "sglang" else "the portable K3"
-    lines = [f"## {name}", "",
+    unit = "request" if c == 1 else "round"
+    lines = [f"## {name}, concurrency {c} (steps of batch {c})", "",
              "| arm | decode steps | step p50 (ms) | forward p50 | host p50 | host mean | run_batch outside forward | "
-             "process_batch_result | rest of loop | host above A (pooled), share of A's step | client decode tok/s | / A |",
+             "process_batch_result | rest of loop | host mean above A (pooled), share of A's step | client decode tok/s | / A |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for arm, res in arms.items():
         s = res["steps"]
@@ -50,20 +52,24 @@ def model_section(impl: str, arms: dict, help_text: dict[str, str]) -> list[str]
             continue
         shares = paired_shares(arms[arm]["per_request"], arms["A"]["per_request"])
         if not shares:
-            lines.append(f"- {arm}: no request with enough timed steps in both arms")
+            lines.append(f"- {arm}: no {unit} with enough timed steps of batch {c} in both arms")
             continue
         mid = statistics.median(shares)
         verdict = "**met**" if mid <= GOAL else "**NOT met**"
-        lines.append(f"- {arm}: host time above A, paired per request = {mid * 100:+.2f}% of A's step (median of "
-                     f"{len(shares)} requests, interquartile {_quantile(shares, 0.25) * 100:+.2f}% to "
+        lines.append(f"- {arm}: mean host time above A, paired per {unit} = {mid * 100:+.2f}% of A's step (median of "
+                     f"{len(shares)} {unit}s, interquartile {_quantile(shares, 0.25) * 100:+.2f}% to "
                      f"{_quantile(shares, 0.75) * 100:+.2f}%; goal <= {GOAL * 100:.0f}%): {verdict}")
     fwd = [w.forward for w in arms["A"]["per_request"] if w is not None]
     if fwd:
-        lines.append(f"- drift: A's forward p50 per request ranged {min(fwd) * 1e3:.1f} to {max(fwd) * 1e3:.1f} ms "
-                     "over the run (the same prompt length and step count every time)")
-    same = [all(o == a for o, a in zip(arms[arm]["outputs"], arms["A"]["outputs"])) for arm in arms]
+        lines.append(f"- drift: A's forward p50 per {unit} ranged {min(fwd) * 1e3:.1f} to {max(fwd) * 1e3:.1f} ms "
+                     "over the run (the same prompt length, batch and step count every time)")
     n = len(arms["A"]["outputs"])
-    lines.append(f"- output identity: {'every arm emitted the same tokens as A on all ' + str(n) + ' requests' if all(same) else '**OUTPUT MISMATCH** between arms'}")
+    same = {arm: sum(o == a for o, a in zip(arms[arm]["outputs"], arms["A"]["outputs"])) for arm in arms if arm != "A"}
+    if all(k == n for k in same.values()):
+        lines.append(f"- output identity: every arm emitted the same tokens as A on all {n} requests")
+    else:
+        counts = ", ".join(f"{arm} = A on {k} / {n}" for arm, k in same.items())
+        lines.append(f"- output identity: **OUTPUT MISMATCH** ({counts})")
     return lines + [""]
 
 
@@ -79,24 +85,29 @@ def report(args, started, load_before, per_model: dict) -> str:
         "the end. Command:", "",
         "```",
         f"k3 bench plain-decode --model-impl {args.model_impl} --arms {arms} --requests {args.requests} "
-        f"--max-new-tokens {args.max_new_tokens} --prompt-tokens {args.prompt_tokens} --width {args.width}",
+        f"--concurrency {' '.join(map(str, args.concurrency))} --max-new-tokens {args.max_new_tokens} "
+        f"--prompt-tokens {args.prompt_tokens} --width {args.width}",
         "```", "",
         "Servers: the tiny K3 (random weights) in bf16 with `k3 serve` defaults, `--disable-radix-cache`, SGLang "
         "0.5.23 on CPU, every arm alive at once and every server with `K3_STEP_TIMING` "
-        "(k3_sglang/serving/step_timing.py). Requests: one at a time, greedy, random prompts by input_ids, "
-        "ignore_eos; the arms take turns per request in a rotating order. A decode step's *step* is one whole "
+        "(k3_sglang/serving/step_timing.py). Requests: rounds of c greedy requests released together (c = the "
+        "section's concurrency; one request at c = 1), random prompts by input_ids, ignore_eos; the arms take turns "
+        "per round in a rotating order, on the same prompts. A decode step's *step* is one whole "
         "scheduler loop (run_batch to the next run_batch); *host* = step - model forward, split into run_batch "
         "outside the forward (SGLang's speculative path and K3_CSV's worker), process_batch_result, and the rest of "
         "the loop (receiving requests, building the next batch with its KV allocation). The table: medians over "
-        "every batch-1 decode step after warm-up. The goal lines: per request, the arm's host time above A's on the "
-        "same prompt, run next to it, as a share of A's step in that request; the median over requests (the "
-        "machine's drift cancels in the pair). Client decode tok/s = tokens after the first / stream time after "
-        "the first, pooled.", "",
+        "every decode step of batch c in the timed rounds (warm-up, prefill and the rounds' ramps are left out). The "
+        "goal lines: per round, the arm's mean host time per step above A's on the same prompts, run next to it, as "
+        "a share of A's step in that round; the median over rounds (the machine's drift cancels in the pair). The "
+        "mean, because a settled C drafts and plans for all c requests on one step in four (spec/policy.py: its "
+        "probes) and throughput pays for every step; the run_batch, process_batch_result and rest-of-loop columns "
+        "are medians. Client decode tok/s = c x tokens after the first / stream time after the first, pooled.", "",
         "Why host time: the forward is the same code in every arm (a plain DECODE forward, no spec input), so what "
         "a speculative server adds when it decides plain decode is host time; it is measured per step inside the "
         "server, where this machine's drift (the drift line below: the same forward a request apart) does not blur "
         "a 1% difference the way client tok/s does.", ""]
     body: list[str] = []
-    for impl, arm_results in per_model.items():
-        body += model_section(impl, arm_results, ARM_HELP)
+    for impl, by_c in per_model.items():
+        for c, arm_results in by_c.items():
+            body += model_section(impl, c, arm_results, ARM_HELP)
     return "\n".join(head + body)
