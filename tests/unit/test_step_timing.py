@@ -113,13 +113,13 @@ def test_a_prefix_in_a_missing_directory_is_refused(tmp_path):
 def test_arm_medians_and_the_share_above_the_base_arm():
     rows = [{"b": 1, "loop": 0.030, "run": 0.0292, "fwd": 0.029, "result": 0.0003} for _ in range(20)]
     rows += [{"b": 4, "loop": 9.0, "run": 9.0, "fwd": 1.0, "result": 0.0}]  # other batch sizes are left out
-    base = ArmSteps.of(rows, skip=2)
+    base = ArmSteps.of(rows[2:])
     assert base.steps == 18 and base.host == pytest.approx(0.001) and base.forward == pytest.approx(0.029)
     assert base.run_outside_forward == pytest.approx(0.0002) and base.rest == pytest.approx(0.0005)
-    slower = ArmSteps.of([{**r, "loop": r["loop"] + 0.0003} for r in rows], skip=2)
+    slower = ArmSteps.of([{**r, "loop": r["loop"] + 0.0003} for r in rows[2:]])
     assert extra_share(slower, base) == pytest.approx(0.01)
     with pytest.raises(RuntimeError, match="too few"):
-        ArmSteps.of(rows[:5], skip=0)
+        ArmSteps.of(rows[:5])
 
 
 def test_paired_shares_compare_each_request_with_the_base_arms_same_request():

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DOC = Path("docs/bench-plain-decode.md")
-WARM_REQUESTS, WARM_TOKENS = 2, 32  # per server before timing (outside every timed round)
+WARM_REQUESTS, WARM_TOKENS = 2, 32  # per server before timing (outside every timed round, so never timed)
 MAX_CONCURRENCY = 64
 ARM_HELP = {"A": "no speculation", "D": "K3_CSV, verify mode `decode` (never drafts)",
             "C": "K3_CSV compact (planner + lookup drafter), settles into plain decode"}
@@ -49,12 +49,12 @@ class ArmSteps:
     def window(cls, rows: list[dict], start: float, end: float, batch: int = 1) -> "ArmSteps | None":
         """The steps that began inside one round's [start, end] (perf_counter), or None with fewer than 10 of them
         at batch size `batch`."""
-        inside = inside_windows(rows, [(start, end)])
-        return cls.of(inside, 0, batch) if len([r for r in inside if r["b"] == batch]) >= 10 else None
+        inside = [r for r in inside_windows(rows, [(start, end)]) if r["b"] == batch]
+        return cls.of(inside, batch) if len(inside) >= 10 else None
 
     @classmethod
-    def of(cls, rows: list[dict], skip: int, batch: int = 1) -> "ArmSteps":
-        rows = [r for r in rows if r["b"] == batch][skip:]
+    def of(cls, rows: list[dict], batch: int = 1) -> "ArmSteps":
+        rows = [r for r in rows if r["b"] == batch]
         if len(rows) < 10:
             raise RuntimeError(f"only {len(rows)} timed decode steps of batch {batch} (K3_STEP_TIMING wrote too few)")
         med = statistics.median
@@ -167,7 +167,7 @@ def arm_result(rows: list[dict], rounds: list, c: int) -> dict:
     reqs = [r for res, _, _ in rounds for r in res]
     tokens = sum(len(r.output_ids) - 1 for r in reqs)
     windows = [(t0, t1) for _, t0, t1 in rounds]
-    return {"steps": ArmSteps.of(inside_windows(rows, windows), 0, c),
+    return {"steps": ArmSteps.of(inside_windows(rows, windows), c),
             "decode_tps": c * tokens / sum(r.decode_s for r in reqs),
             "per_request": [ArmSteps.window(rows, t0, t1, c) for t0, t1 in windows],
             "outputs": [r.output_ids for r in reqs]}
