@@ -189,7 +189,48 @@ def markdown() -> str:
         rows.append(f"| {i} | `{h.target}` | {h.kind} | `{h.owner}` | {h.when} | `{h.drift_test}` |")
     rows += ["", "Why each one:", ""]
     rows += [f"{i}. `{_short(h.target)}`: {h.why}" for i, h in enumerate(hooks, 1)]
-    return "\n".join(rows)
+    return "\n".join(rows + [""] + _reach_rows() + [""] + _registry_rows() + [""] + [counts_line()])
+
+
+def reaches():
+    """The reaches into SGLang that are not HookRegistry hooks (k3_sglang/sglang_reaches.py)."""
+    from k3_sglang.sglang_reaches import REACHES
+
+    return REACHES
+
+
+def _reach_rows() -> list[str]:
+    rows = ["Other reaches into SGLang (attributes swapped or bound, private names, subclasses, environment, "
+            "arguments bound by name):", "", "| # | target | kind | seam | owner | test | why |",
+            "|---|---|---|---|---|---|---|"]
+    rows += [f"| R{i} | `{r.target}` | {r.kind} | {r.seam} | `{r.owner}` | `{r.test}` | {r.why} |"
+             for i, r in enumerate(reaches(), 1)]
+    return rows
+
+
+def _registry_rows() -> list[str]:
+    rows = ["SGLang extension points used (public seams):", "", "| # | what | where | owner |", "|---|---|---|---|"]
+    rows += [f"| S{i} | {what} | {where} | `{owner}` |" for i, (what, where, owner) in enumerate(REGISTRIES, 1)]
+    return rows
+
+
+def counts() -> dict[str, int]:
+    """Rows by seam: every HookRegistry hook patches a private internal; reaches carry their own seam; every registry
+    row is a public seam."""
+    hooks = all_hooks()
+    rs = reaches()
+    return {"hooks": len(hooks), "hooked_targets": len({h.target for h in hooks}),
+            "reaches_public": sum(r.seam == "public" for r in rs),
+            "reaches_private": sum(r.seam == "private" for r in rs), "registries": len(REGISTRIES)}
+
+
+def counts_line() -> str:
+    c = counts()
+    public = c["reaches_public"] + c["registries"]
+    private = c["hooks"] + c["reaches_private"]
+    return (f"Counts: {public} public seams ({c['registries']} extension points, {c['reaches_public']} reaches) and "
+            f"{private} private internals ({c['hooks']} hooks on {c['hooked_targets']} distinct targets, "
+            f"{c['reaches_private']} reaches).")
 
 
 if __name__ == "__main__":

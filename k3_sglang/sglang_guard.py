@@ -31,7 +31,7 @@ from k3_sglang.env_settings import EnvModel
 SGLANG_PIN = "0.5.23"
 DIST_NAMES = ("k3-sglang", "k3_sglang")
 PLUGIN_GROUP = "sglang.srt.plugins"
-IN_PLAY_ENV = {"K3_SERVE_HOOKS": "1", "SGLANG_PLATFORM": "k3_cpu", "SGLANG_EXTERNAL_MODEL_PACKAGE": "k3_sglang.models"}
+IN_PLAY_ENV = (("K3_SERVE_HOOKS", "1"), ("SGLANG_PLATFORM", "k3_cpu"), ("SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.models"))
 
 _completed: set[str] = set()  # "module:function" of every plugin entry point of ours that returned in this process
 
@@ -80,7 +80,7 @@ def _refuse(who: str, message: str) -> None:
 
 def in_play_by_env(environ=None) -> bool:
     env = os.environ if environ is None else environ
-    return any(env.get(k) == v for k, v in IN_PLAY_ENV.items()) or bool(env.get("K3_STEP_TIMING", "").strip())
+    return any(env.get(k) == v for k, v in IN_PLAY_ENV) or bool(env.get("K3_STEP_TIMING", "").strip())
 
 
 def _ours(fn: object) -> bool:

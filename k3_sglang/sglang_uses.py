@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCE_ROOTS = ("k3_sglang", "kernels", "parallel", "launch")
 REACHED = ("sglang", "torch", "triton_kernels")  # packages whose objects we must not change unlisted
 ENV_NAME = re.compile(r"^SGLANG_[A-Z0-9_]+$")
+ENV_WORD = re.compile(r"^(SGLANG_[A-Z0-9_]+)=")
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,8 @@ class Use:
     line: int
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+def _module_name(path: Path, repo: Path) -> str:
+    parts = list(path.relative_to(repo).with_suffix("").parts)
     if parts[0] != "k3_sglang":
         parts.insert(0, "k3_sglang")
     if parts[-1] == "__init__":
@@ -102,8 +103,18 @@ class _Scanner(ast.NodeVisitor):
             base = self.resolve(node.args[0])
             name = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else "*"
             self._add("SETATTR", f"{base or '<object>'}.{name}", node)
-        if isinstance(func, ast.Attribute) and func.attr == "setdefault" and node.args and _env_key(node.args[0]):
+        if isinstance(func, ast.Attribute) and func.attr in ("setdefault", "pop") and node.args \
+                and _env_key(node.args[0]):
             self._add("ENV", node.args[0].value, node)
+        self.generic_visit(node)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        """A rendered `SGLANG_X=...` word (launch scripts)."""
+        first = node.values[0] if node.values else None
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            match = ENV_WORD.match(first.value)
+            if match:
+                self._add("ENV", match.group(1), node)
         self.generic_visit(node)
 
     def visit_Dict(self, node: ast.Dict) -> None:
@@ -128,8 +139,9 @@ def _env_key(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(ENV_NAME.match(node.value))
 
 
-def scan_file(path: Path) -> list[Use]:
-    scanner = _Scanner(_module_name(path))
+def scan_file(path: Path, repo: Path = REPO) -> list[Use]:
+    """The uses in one source file under `repo` (its module name taken from its path there)."""
+    scanner = _Scanner(_module_name(path, repo))
     tree = ast.parse(path.read_text(), str(path))
     # imports first (a function-level `from sglang... import m` counts for the whole file: names are not reused)
     for node in ast.walk(tree):
@@ -145,5 +157,5 @@ def scan(repo: Path = REPO) -> list[Use]:
     uses: list[Use] = []
     for root in SOURCE_ROOTS:
         for path in sorted((repo / root).rglob("*.py")):
-            uses += scan_file(path)
+            uses += scan_file(path, repo)
     return uses

@@ -16,8 +16,7 @@ import pytest
 from k3_sglang import sglang_guard
 
 REPO = Path(__file__).resolve().parents[2]
-K3_CPU_ENV = {"SGLANG_PLATFORM": "k3_cpu", "SGLANG_EXTERNAL_MODEL_PACKAGE": "k3_sglang.models",
-              "K3_SERVE_HOOKS": "1"}
+K3_CPU_ENV = dict(sglang_guard.IN_PLAY_ENV)
 
 
 def test_the_pin_is_pyprojects_pin():
