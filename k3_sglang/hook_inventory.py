@@ -5,7 +5,9 @@ or one attribute is swapped); a registry entry uses an extension point SGLang do
 own `installed_hooks()`; this module only collects them with when they apply and the test that catches drift when
 the pinned SGLang changes under them. docs/architecture.md carries the same table (`python -m
 k3_sglang.hook_inventory` prints it; tests/unit/test_hook_inventory.py keeps the two equal and checks that every
-target still exists in the installed SGLang).
+target still exists in the installed SGLang). The other reaches into SGLang (attributes swapped, private names,
+subclasses, environment variables; k3_sglang/sglang_reaches.py) and the SGLang registries used are rendered after the
+hooks, each marked public seam or private internal, with the counts (`counts_line`).
 """
 from __future__ import annotations
 

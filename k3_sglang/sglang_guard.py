@@ -122,6 +122,7 @@ def guard_process() -> None:
         return
     apply = HookRegistry.apply_hooks  # bound to the class
 
+    @functools.wraps(apply.__func__)  # __wrapped__: SGLang's own, what `k3 hooks check` fingerprints
     def apply_hooks_then_verify(cls):
         apply()
         verify_or_exit()
@@ -202,8 +203,9 @@ def verify_or_exit() -> None:
     if not plugins and not hooks:
         if installed != SGLANG_PIN:
             print(f"k3-sglang: warning: SGLang {installed} allowed by K3_ALLOW_SGLANG_VERSION (pinned "
-                  f"{SGLANG_PIN}); all {len(registered_hooks())} hooks applied; `k3 hooks check` names changed "
-                  "targets", file=sys.stderr, flush=True)
+                  f"{SGLANG_PIN}); `k3 hooks check` names changed targets", file=sys.stderr, flush=True)
+        print(f"k3-sglang: {len(registered_hooks())} hooks in place, {len(_completed)} plugins completed "
+              f"(SGLang {installed}, pid {os.getpid()})", file=sys.stderr, flush=True)
         return
     lines = [f"k3-sglang: error: SGLang {installed} (pinned {SGLANG_PIN}) did not take every k3-sglang change; "
              "refusing to start unpatched:"]

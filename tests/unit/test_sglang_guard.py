@@ -126,3 +126,18 @@ def test_a_renamed_target_and_a_raising_plugin_refuse_startup_with_exit_2():
     assert "plugin k3_sglang.hicache.hooks:register did not complete" in err
     named = [line for line in err.splitlines() if line.startswith("  - ")]
     assert len(named) == 2, named  # exactly the two sabotaged things, nothing else
+
+
+def test_the_apply_time_check_wraps_sglangs_apply_hooks_once(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from k3_sglang import sglang_fingerprints
+
+    original = HookRegistry.__dict__["apply_hooks"]
+    monkeypatch.setattr(HookRegistry, "apply_hooks", original)  # restored after the test
+    sglang_guard.guard_process()
+    sglang_guard.guard_process()
+    wrapper = HookRegistry.__dict__["apply_hooks"].__func__
+    assert wrapper._k3_guard and wrapper.__wrapped__ is original.__func__  # once, around SGLang's own
+    target = "sglang.srt.plugins.hook_registry.HookRegistry.apply_hooks"
+    assert sglang_fingerprints.resolve(target) is original.__func__  # the fingerprint still reads SGLang's
