@@ -5,6 +5,7 @@ the keys are split), the portable model's KDA decode / verify / chunked prefill 
 MXFP4 dequant. (`mxfp4_grouped_matmul` is a benchmark kernel no server calls.) Shapes come from the planner's two
 presets: GB300 `agent-100k` decode TP8/DCP8 and H200 `long-context` TP16/DCP8. Under DCP the backend all-gathers the
 group's query heads, so the MLA kernel sees (96 / attn-TP) * DCP heads per rank; KDA runs 96 / TP heads per rank.
+The MLA kernel is compiled at every head count DCP 1/2/4/8 gives under those TPs (6 to 96).
 KV cache: bf16 only (k3_dcp_mla keeps a bf16 latent cache; the planner refuses fp8 KV for it), page size 64.
 Query lengths: decode 1, target verify 4 (K3_CSV draft width), a prefill chunk of ragged requests.
 Each case builds tiny CPU tensors of the right dtypes and calls the real launch wrapper inside `static_compile.capture`.
@@ -138,18 +139,33 @@ _MLA_MODULES = ("kernels/mla/dcp_triton.py", "kernels/mla/decode.py")
 _KDA_STEP = ("kernels/kda/fused_recurrent.py",)
 
 
-def cases() -> list[Case]:
-    """Every launch to compile, deduplicated by plan shape (a kernel compiled twice at equal shapes costs time)."""
-    out: list[Case] = []
+DCP_SIZES = (1, 2, 4, 8)  # the roofline's rows (docs/roofline.md); the presets run DCP8
+
+
+def mla_head_counts() -> dict[int, list[str]]:
+    """MLA kernel heads per rank -> the plans (system TPx/DCPy) that give it, over DCP 1/2/4/8 of each preset's TP."""
+    heads: dict[int, list[str]] = {}
     for s in plan_shapes():
-        tag = f"{s.system} TP{s.tp}/DCP{s.dcp}"
-        h = s.mla_heads
+        for dcp in DCP_SIZES:
+            shape = PlanShape(s.plan, s.system, s.tp, dcp)
+            heads.setdefault(shape.mla_heads, []).append(f"{s.system} TP{s.tp}/DCP{dcp}")
+    return dict(sorted(heads.items()))
+
+
+def cases() -> list[Case]:
+    """Every launch to compile: the MLA kernel at every head count of DCP 1/2/4/8 under the presets' TP (decode,
+    verify, prefill chunk), KDA at each preset's heads per rank, AttnRes and the MXFP4 dequant."""
+    out: list[Case] = []
+    for h, plans in mla_head_counts().items():
+        tag = ", ".join(plans)
         out += [
-            Case(f"mla_dcp decode H={h} bf16 P={PAGE} splits={DECODE_SPLITS} [{tag}]", _MLA_MODULES,
-                 _mla(h, 1, s.dcp, DECODE_SPLITS)),
-            Case(f"mla_dcp verify q={VERIFY_Q} H={h} bf16 P={PAGE} [{tag}]", _MLA_MODULES,
-                 _mla(h, VERIFY_Q, s.dcp, 1)),
-            Case(f"mla_dcp prefill-chunk ragged H={h} bf16 P={PAGE} [{tag}]", _MLA_MODULES, _mla(h, None, s.dcp, 1)),
+            Case(f"mla_dcp decode H={h} splits={DECODE_SPLITS} [{tag}]", _MLA_MODULES, _mla(h, 1, 2, DECODE_SPLITS)),
+            Case(f"mla_dcp verify q={VERIFY_Q} H={h} [{tag}]", _MLA_MODULES, _mla(h, VERIFY_Q, 2, 1)),
+            Case(f"mla_dcp prefill-chunk H={h} [{tag}]", _MLA_MODULES, _mla(h, None, 2, 1)),
+        ]
+    for s in plan_shapes():
+        tag = f"{s.system} TP{s.tp}"
+        out += [
             Case(f"kda decode H={s.kda_heads} [{tag}]", _KDA_STEP, _kda_step(s.kda_heads, 1, False)),
             Case(f"kda verify q={VERIFY_Q} H={s.kda_heads} [{tag}]", _KDA_STEP, _kda_step(s.kda_heads, VERIFY_Q, True)),
             Case(f"kda prefill-chunk H={s.kda_heads} [{tag}]", ("kernels/kda/chunk.py",), _kda_prefill(s.kda_heads)),
