@@ -19,9 +19,10 @@ import torch
 from k3_sglang.kernels.mla import dcp_triton
 from k3_sglang.kernels.mla.naive import mla_dcp_attention_paged
 from tests.kernels.test_mla_dcp import CASES, SCALE, C, make_case, rank_batch
-from tests.utils.numerics import FP32_VS_FP64, assert_close
+from tests.utils.numerics import assert_close
 
-BF16_OUT = 1e-2  # bf16 output and bf16 p: a few bf16 ulps (2^-8 = 3.9e-3) relative by norm
+BF16_OUT = 1e-2  # bf16 output and bf16 p: a few bf16 ulps (2^-8 = 3.9e-3) relative by norm; measured <= 3.9e-3
+LSE = 1e-5  # fp32 scores of exact bf16 products: measured <= 5e-8
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def test_bf16_branch_matches_reference_on_every_rank(bf16_dots, name, c, page, s
         assert bf16_dots["dots"] > before, "the kernel did not take its bf16 branch"
         assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
         assert_close(f"o rank {r}", o_ref, o, BF16_OUT)
-        assert_close(f"lse rank {r}", lse_ref, lse, FP32_VS_FP64)
+        assert_close(f"lse rank {r}", lse_ref, lse, LSE)
 
 
 @pytest.mark.triton
