@@ -55,6 +55,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", help="key clients must send (Authorization: Bearer KEY)")
     parser.add_argument("--admission", choices=("reject", "queue"), help="when full: 429 or a bounded wait")
     parser.add_argument("--session-ttl", type=float, metavar="S", help="idle session TTL in seconds")
+    parser.add_argument("--session-home", choices=("score", "rendezvous"),
+                        help="a new session's home: lowest score, or rendezvous hashing of its id (router replicas)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -78,6 +80,8 @@ def build_serve_config(args: argparse.Namespace) -> RouterConfig:
             policy = dataclasses.replace(policy, admission=args.admission)
         if args.session_ttl is not None:
             policy = dataclasses.replace(policy, session_ttl_s=args.session_ttl)
+        if args.session_home:
+            policy = dataclasses.replace(policy, session_home=args.session_home)
     except ConfigError as exc:
         raise _cli_error(str(exc)) from None
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("admin_key", args.admin_key),

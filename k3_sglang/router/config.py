@@ -96,10 +96,13 @@ class PolicyConfig:
     max_retain_s: float = 3600.0     # longest session retention forwarded (longer asks are clamped)
     prefetch_min_tokens: int = 512   # prefetch when at least this much of a turn's prefix is off the device (0: off)
     prefetch_timeout_s: float = 30.0
+    session_home: str = "score"      # a new session's home: lowest score, or rendezvous hashing (replicas.py)
 
     def __post_init__(self) -> None:
         if self.admission not in ("reject", "queue"):
             raise ConfigError(f"policy.admission must be 'reject' or 'queue', got {self.admission!r}")
+        if self.session_home not in ("score", "rendezvous"):
+            raise ConfigError(f"policy.session_home must be 'score' or 'rendezvous', got {self.session_home!r}")
         if not 0.0 <= self.kv_headroom < 1.0:
             raise ConfigError(f"policy.kv_headroom must be in [0, 1), got {self.kv_headroom}")
         for name in ("block_tokens", "chars_per_token", "default_prefill_tokens_per_s", "session_ttl_s",
