@@ -175,6 +175,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", action="store_true",
                         help="compare the event-fed arms (text-inferred, event-fed, event-fed + retention + prefetch) "
                              "on workers that publish KV events, instead of the baselines")
+    parser.add_argument("--replicas", type=int, metavar="N",
+                        help="compare one router replica with N (requests split round-robin, events to all), "
+                             "keyless and with named sessions (rendezvous homes), instead of the baselines")
     parser.add_argument("--retain-s", type=float, default=300.0, help="--events: retention each session asks for")
     parser.add_argument("--host-factor", type=float, default=1.0,
                         help="--events: host-tier size as a multiple of the device cache (0: no host tier)")
@@ -200,7 +203,14 @@ def run_replay_command(args: argparse.Namespace) -> int:
         raise _cli_error(f"trace {args.trace} has no requests")
     spec = FleetSpec(args.workers, args.kv_tokens, args.state_slots, args.prefill_tps, args.tpot_ms / 1000.0)
     policy = policy_from_overrides(args.policy, session_ttl_s=args.session_ttl)
-    if args.events:
+    if args.replicas is not None:
+        from k3_sglang.tooling.router.replay_replicas import run_replica_replay
+
+        if args.replicas < 2 or args.events:
+            raise _cli_error("--replicas must be >= 2 (and is not combined with --events)")
+        rows, samples = run_replica_replay(trace, spec, policy, args.replicas)
+        args.section = args.section or f"replicas{args.replicas}-" + section_name(args.trace)
+    elif args.events:
         from k3_sglang.tooling.router.replay_events import event_arms
 
         if args.retain_s < 0 or args.host_factor < 0:

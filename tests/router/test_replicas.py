@@ -103,3 +103,17 @@ def test_two_replicas_place_as_well_as_one_on_the_committed_traces(trace, kv_tok
                 for n in (1, 2))
     assert one["requests"] == two["requests"] and one["rejected"] == two["rejected"] == 0
     assert two["cache_hit_share"] >= one["cache_hit_share"] - 0.005, (one, two)
+
+
+def test_replay_command_compares_one_replica_with_n(capsys):
+    import json
+
+    from k3_sglang import cli
+
+    trace = str(DATA / "tool-agent-200.jsonl")
+    assert cli.main(["router", "replay", trace, "--replicas", "2", "--json", "--limit", "200", "--no-write"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == ["k3_events_x1", "k3_events_x2", "k3_events_x1_ids_rendezvous",
+                                           "k3_events_x2_ids_rendezvous"]
+    assert all(r["requests"] == 200 for r in rows)
+    assert cli.main(["router", "replay", trace, "--replicas", "1", "--no-write"]) == 2

@@ -80,6 +80,23 @@ class ReplicatedPolicy:
         self.owner.pop(id(ticket)).finish(ticket, now)
 
 
+def run_replica_replay(trace: list[TraceRequest], spec: FleetSpec, policy: PolicyConfig,
+                       replicas: int) -> tuple[list[dict], dict[str, list[float]]]:
+    """Rows (and TTFT samples) of `k3 router replay --replicas N`: one replica vs N, with keyless sessions under
+    `policy`, then with named sessions and `session_home: rendezvous`."""
+    from k3_sglang.tooling.router.replay import summarize
+
+    rows, samples = [], {}
+    named = dataclasses.replace(policy, session_home="rendezvous")
+    for cfg, ids in ((policy, False), (named, True)):
+        for n in (1, replicas):
+            result = simulate_replicas(trace, spec, cfg, n, ids)
+            result.policy += "_rendezvous" if ids else ""
+            rows.append(summarize(result))
+            samples[result.policy] = result.ttfts
+    return rows, samples
+
+
 def simulate_replicas(trace: list[TraceRequest], spec: FleetSpec, policy: PolicyConfig, replicas: int,
                       session_ids: bool = False) -> ReplayResult:
     """Replay `trace` with its requests split round-robin across `replicas` router replicas."""
