@@ -163,9 +163,14 @@ class RouterConfig:
     admin_key: str | None = None
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
+    events_curve_key: str | None = None         # the router's ZMQ certificate (both keys), for CURVE-protected events
+    events_curve_server_key: str | None = None  # the workers' public ZMQ certificate
 
     def __post_init__(self) -> None:
         check_roles(self.workers)
+        if (self.events_curve_key is None) != (self.events_curve_server_key is None):
+            raise ConfigError("events_curve_key and events_curve_server_key go together (the router's certificate "
+                              "and the workers' public one)")
 
     @property
     def disaggregated(self) -> bool:
