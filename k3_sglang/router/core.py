@@ -175,13 +175,8 @@ class RouterCore:
         if role == DECODE:
             prefix_hashes = ()  # no radix cache on a PD decode server: nothing to predict or match
         derived = ""
-        if record is None and role == MIXED and (self.event_feeds or self.policy.session_home == RENDEZVOUS):  # replicas.py
-            # rendezvous only for an explicit session id: a keyless session's id is this replica's own invention
-            session_home = self.policy.session_home if not request.derived else "score"
-            home_id, tokens, derived = derived_home(request.session_id, self.event_feeds,
-                                                    [w.worker_id for w in workers], session_home)
-            if home_id is not None:  # a stand-in record, never stored: decide() weighs the home as a follow-up's
-                record = SessionRecord(request.session_id, worker_id=home_id, context_tokens=tokens)
+        if record is None and role == MIXED:
+            record, derived = self._derived_record(request, workers)
         mask = 0
         for w in workers:
             mask |= 1 << w.bit
@@ -195,6 +190,19 @@ class RouterCore:
         if not decision.placed:
             return decision, None
         return decision, self._admit(decision, request, prefix_hashes, now, record_identity=role != PREFILL)
+
+    def _derived_record(self, request: RouteRequest, workers: Sequence[WorkerState]) -> tuple[SessionRecord | None, str]:
+        """A stand-in record (never stored) for a session this replica has no record of, whose home is derived
+        (replicas.py): decide() then weighs that home as a follow-up turn's. (None, "") when nothing names one."""
+        if not self.event_feeds and self.policy.session_home != RENDEZVOUS:
+            return None, ""
+        # rendezvous only for an explicit session id: a keyless session's id is this replica's own invention
+        session_home = self.policy.session_home if not request.derived else "score"
+        home_id, tokens, derived = derived_home(request.session_id, self.event_feeds,
+                                                [w.worker_id for w in workers], session_home)
+        if home_id is None:
+            return None, ""
+        return SessionRecord(request.session_id, worker_id=home_id, context_tokens=tokens), derived
 
     def _admit(self, decision: Decision, request: RouteRequest, prefix_hashes: Sequence[int], now: float,
                record_identity: bool = True) -> Ticket:
