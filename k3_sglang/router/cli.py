@@ -57,9 +57,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-ttl", type=float, metavar="S", help="idle session TTL in seconds")
     parser.add_argument("--session-home", choices=("score", "rendezvous"),
                         help="a new session's home: lowest score, or rendezvous hashing of its id (router replicas)")
-    parser.add_argument("--events-curve-key", metavar="FILE",
+    parser.add_argument("--curve-key", metavar="FILE",
                         help="this router's ZMQ certificate (both keys) for workers whose KV events use CURVE")
-    parser.add_argument("--events-curve-server-key", metavar="FILE", help="the workers' public ZMQ certificate")
+    parser.add_argument("--curve-server-key", metavar="FILE", help="the workers' public ZMQ certificate")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -88,8 +88,8 @@ def build_serve_config(args: argparse.Namespace) -> RouterConfig:
     except ConfigError as exc:
         raise _cli_error(str(exc)) from None
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("admin_key", args.admin_key),
-                                   ("api_key", args.api_key), ("events_curve_key", args.events_curve_key),
-                                   ("events_curve_server_key", args.events_curve_server_key)) if v is not None}
+                                   ("api_key", args.api_key), ("events_curve_key", args.curve_key),
+                                   ("events_curve_server_key", args.curve_server_key)) if v is not None}
     try:
         config = dataclasses.replace(config, workers=workers, policy=policy, **overrides)
     except ConfigError as exc:
@@ -98,9 +98,9 @@ def build_serve_config(args: argparse.Namespace) -> RouterConfig:
         from k3_sglang.router.event_curve import load_keys
 
         try:
-            if load_keys(config.events_curve_key, "--events-curve-key").secret is None:
-                raise ValueError(f"--events-curve-key: {config.events_curve_key} holds no secret key")
-            load_keys(config.events_curve_server_key, "--events-curve-server-key")
+            if load_keys(config.events_curve_key, "--curve-key").secret is None:
+                raise ValueError(f"--curve-key: {config.events_curve_key} holds no secret key")
+            load_keys(config.events_curve_server_key, "--curve-server-key")
         except ValueError as exc:
             raise _cli_error(str(exc)) from None
     return config

@@ -1,8 +1,8 @@
 """ZMQ CURVE keys for KV events that leave a host (the worker side is serving/kv_events_curve.py). Pure but zmq.
 
 A worker that publishes with CURVE advertises the publisher `k3_zmq_curve` in `/server_info`; the router subscribes
-to it only when given its own certificate and the worker's public one (`--events-curve-key`,
-`--events-curve-server-key`; ZMQ certificate files as `zmq.auth.create_certificates` writes), and its SUB and replay
+to it only when given its own certificate and the worker's public one (`--curve-key`,
+`--curve-server-key`; ZMQ certificate files as `zmq.auth.create_certificates` writes), and its SUB and replay
 DEALER sockets are then CURVE clients. Without them such a worker is placed by text inference (logged once).
 """
 

@@ -201,7 +201,7 @@ async def events_loop(state, stop: asyncio.Event) -> None:
                 source, why = parse_event_source(worker_id, info)
                 if source is not None and source.curve and curve is None:
                     source, why = None, "its KV events are CURVE-protected and this router has no keys for them " \
-                                        "(--events-curve-key, --events-curve-server-key)"
+                                        "(--curve-key, --curve-server-key)"
                 if source is None:
                     next_try[worker_id] = state.now() + reliability.capacity_refresh_s
                     if info is not None and (worker_id, why) not in logged:

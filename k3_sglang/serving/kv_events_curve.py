@@ -9,7 +9,7 @@ an extension point, by our plugin in every server process): SGLang's `ZmqEventPu
 writes) and a ZAP authenticator that admits only the client public keys in `K3_KV_EVENTS_CURVE_CLIENTS_DIR`
 (certificate files, one per router). A subscriber without an admitted key (or without the worker's public key)
 completes no handshake and receives nothing; the router, given its own certificate and the worker's public one
-(`k3 router --events-curve-key FILE --events-curve-server-key FILE`), subscribes and replays as on loopback.
+(`k3 router --curve-key FILE --curve-server-key FILE`), subscribes and replays as on loopback.
 SGLang's separate load publisher (per-rank request counts, no prompts) is left as SGLang binds it.
 """
 

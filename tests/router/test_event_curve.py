@@ -143,8 +143,8 @@ def test_router_curve_flags_are_checked(tmp_path, capsys):
 
     public, secret = zmq.auth.create_certificates(str(tmp_path), "r")
     worker = ["router", "--worker", "http://127.0.0.1:1"]
-    assert cli.main(worker + ["--events-curve-key", secret]) == 2  # without the worker's public key
-    assert cli.main(worker + ["--events-curve-key", public, "--events-curve-server-key", public]) == 2  # no secret
-    assert cli.main(worker + ["--events-curve-key", str(tmp_path / "none"), "--events-curve-server-key", public]) == 2
+    assert cli.main(worker + ["--curve-key", secret]) == 2  # without the worker's public key
+    assert cli.main(worker + ["--curve-key", public, "--curve-server-key", public]) == 2  # no secret
+    assert cli.main(worker + ["--curve-key", str(tmp_path / "none"), "--curve-server-key", public]) == 2
     err = capsys.readouterr().err
-    assert "events_curve_server_key" in err and "--events-curve-key" in err
+    assert "events_curve_server_key" in err and "--curve-key" in err
