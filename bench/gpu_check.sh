@@ -9,6 +9,9 @@
 #      tests skip);
 #   2b. the k3_dcp_mla Triton kernel against the float64 reference on every DCP rank at K3's MLA shapes
 #      (bench/dcp_kernel_check.py: torch and triton only; sm90 included);
+#   2c. docs/roofline.md's rows measured: that kernel for one MLA layer at every (preset, context 32K-1M, DCP 1-8)
+#      row, time and fraction of the measured copy bandwidth (bench/roofline_check.py; fails only on a non-finite
+#      output);
 #   3. bench/kernels_gpu.py: every Triton kernel checked and timed at K3-full shapes, and the fused KDA decode as a
 #      fraction of the measured HBM bandwidth (goal >= 70 %).
 # SGLang steps, only where sglang 0.5.23 imports (elsewhere reported as NOT RUN; they never fail the kernel verdict):
@@ -103,10 +106,13 @@ if [ "$ENV_RC" = 0 ]; then
     step "2b. k3_dcp_mla Triton kernel vs the float64 reference (bench/dcp_kernel_check.py)" 60 \
         '"$PY" bench/dcp_kernel_check.py'
     DCP_RC=$?
+    step "2c. docs/roofline.md rows: k3_dcp_mla per MLA layer vs measured bandwidth (bench/roofline_check.py)" 100 \
+        '"$PY" bench/roofline_check.py --iters 20'
+    ROOF_RC=$?
     step "3. kernel benchmark (bench/kernels_gpu.py)" 120 '"$PY" bench/kernels_gpu.py --iters 30 --warmup 5'
     BENCH_RC=$?
 else
-    TESTS_RC=$NOT_RUN DCP_RC=$NOT_RUN BENCH_RC=$NOT_RUN  # the verdict still fails on a failed environment step (ENV_RC)
+    TESTS_RC=$NOT_RUN DCP_RC=$NOT_RUN ROOF_RC=$NOT_RUN BENCH_RC=$NOT_RUN  # the verdict still fails on a failed environment step (ENV_RC)
 fi
 
 SGLANG_STATE=$(sglang_ready 2>&1 | tail -n 1)
@@ -124,7 +130,7 @@ else
 fi
 
 section "verdict"
-KERNELS=$(verdict "kernels (steps 1-3)" "$ENV_RC" "$TESTS_RC" "$DCP_RC" "$BENCH_RC")
+KERNELS=$(verdict "kernels (steps 1-3)" "$ENV_RC" "$TESTS_RC" "$DCP_RC" "$ROOF_RC" "$BENCH_RC")
 SGLANG=$(verdict "SGLang steps (4-5)" "$MODEL_RC" "$SERVE_RC")
 echo "gpu_check: kernels $KERNELS, SGLang steps $SGLANG; report in $REPORT"
 [ "$KERNELS" = PASS ] && [ "$SGLANG" != FAIL ]

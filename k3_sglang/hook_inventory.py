@@ -163,6 +163,8 @@ REGISTRIES = (
      "k3_sglang.sglang_cpu.moe_runner"),
     ("KV events publisher (`--kv-events-config`)", "SGLang's KVEventsConfig / ZMQ publisher",
      "k3_sglang.serving.kv_events_config"),
+    ("KV events publisher `k3_zmq_curve` (CURVE off loopback)", "EventPublisherFactory.register_publisher",
+     "k3_sglang.serving.kv_events_curve"),
     ("request guard middleware", "http_server.app.add_middleware (FastAPI)", "k3_sglang.serving.launch"),
 )
 

@@ -120,6 +120,13 @@ REACHES = (
     # -- subclasses and enum values ---------------------------------------------------------------------------------
     Reach("sglang.srt.disaggregation.kv_events.KVCacheEvent", "SUBCLASS", "k3_sglang.serving.kv_event_hooks",
           "private", T_KV, "two new tagged event types (KDA_STORED, KDA_REMOVED) in SGLang's event union"),
+    Reach("sglang.srt.disaggregation.kv_events.ZmqEventPublisher", "SUBCLASS", "k3_sglang.serving.kv_events_curve",
+          "private", "tests/router/test_event_curve.py", "the CURVE publisher (registered through "
+          "EventPublisherFactory.register_publisher) overrides its private _socket_setup"),
+    Reach("sglang.srt.disaggregation.kv_events.ZmqEventPublisher._ctx", "FIELD_WRITE",
+          "k3_sglang.serving.kv_events_curve", "private", "tests/router/test_event_curve.py",
+          "the publisher's private ZMQ context replaced by a CURVE-server context before SGLang's socket setup; "
+          "_k3_auth added beside it", ("sglang.srt.disaggregation.kv_events.ZmqEventPublisher._socket_setup",)),
     Reach("sglang.srt.layers.attention.linear.kernels.kda_triton.TritonKDAKernel", "SUBCLASS",
           "k3_sglang.sglang_cpu.kda_kernel", "private", "tests/unit/test_sglang_cpu_kda_ops.py",
           "our torch KDA kernel takes the Triton kernel's interface (the dispatcher has no registry)"),

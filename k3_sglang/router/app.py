@@ -163,8 +163,8 @@ def _add_client_routes(app: web.Application, state: RouterState) -> None:
             facts = request_facts(request.path, request.headers, parsed, config.policy)
         except BadRequest as exc:
             raise RouterHTTPError(400, str(exc), "invalid_request") from None
-        if facts.model is not None and state.models and facts.model not in state.models:
-            raise RouterHTTPError(404, f"model {facts.model!r} not served; see /v1/models", "model_not_found")
+        # no model check: SGLang serves any `model` name (`default`, the served name, `name:adapter` for LoRA)
+        # and answers for itself, so a client moving its base URL to the router changes nothing (issue 41)
         try:
             if config.disaggregated:
                 response = await forward_pd(state, request, parsed, facts)

@@ -55,6 +55,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", help="key clients must send (Authorization: Bearer KEY)")
     parser.add_argument("--admission", choices=("reject", "queue"), help="when full: 429 or a bounded wait")
     parser.add_argument("--session-ttl", type=float, metavar="S", help="idle session TTL in seconds")
+    parser.add_argument("--session-home", choices=("score", "rendezvous"),
+                        help="a new session's home: lowest score, or rendezvous hashing of its id (router replicas)")
+    parser.add_argument("--curve-key", metavar="FILE",
+                        help="this router's ZMQ certificate (both keys) for workers whose KV events use CURVE")
+    parser.add_argument("--curve-server-key", metavar="FILE", help="the workers' public ZMQ certificate")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -78,14 +83,27 @@ def build_serve_config(args: argparse.Namespace) -> RouterConfig:
             policy = dataclasses.replace(policy, admission=args.admission)
         if args.session_ttl is not None:
             policy = dataclasses.replace(policy, session_ttl_s=args.session_ttl)
+        if args.session_home:
+            policy = dataclasses.replace(policy, session_home=args.session_home)
     except ConfigError as exc:
         raise _cli_error(str(exc)) from None
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port), ("admin_key", args.admin_key),
-                                   ("api_key", args.api_key)) if v is not None}
+                                   ("api_key", args.api_key), ("events_curve_key", args.curve_key),
+                                   ("events_curve_server_key", args.curve_server_key)) if v is not None}
     try:
-        return dataclasses.replace(config, workers=workers, policy=policy, **overrides)
+        config = dataclasses.replace(config, workers=workers, policy=policy, **overrides)
     except ConfigError as exc:
         raise _cli_error(str(exc)) from None
+    if config.events_curve_key is not None:
+        from k3_sglang.router.event_curve import load_keys
+
+        try:
+            if load_keys(config.events_curve_key, "--curve-key").secret is None:
+                raise ValueError(f"--curve-key: {config.events_curve_key} holds no secret key")
+            load_keys(config.events_curve_server_key, "--curve-server-key")
+        except ValueError as exc:
+            raise _cli_error(str(exc)) from None
+    return config
 
 
 def _pd_specs(prefill: list[list[str]], decode: list[str]) -> tuple[WorkerSpec, ...]:
@@ -171,6 +189,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", action="store_true",
                         help="compare the event-fed arms (text-inferred, event-fed, event-fed + retention + prefetch) "
                              "on workers that publish KV events, instead of the baselines")
+    parser.add_argument("--replicas", type=int, metavar="N",
+                        help="compare one router replica with N (requests split round-robin, events to all), "
+                             "keyless and with named sessions (rendezvous homes), instead of the baselines")
     parser.add_argument("--retain-s", type=float, default=300.0, help="--events: retention each session asks for")
     parser.add_argument("--host-factor", type=float, default=1.0,
                         help="--events: host-tier size as a multiple of the device cache (0: no host tier)")
@@ -196,7 +217,14 @@ def run_replay_command(args: argparse.Namespace) -> int:
         raise _cli_error(f"trace {args.trace} has no requests")
     spec = FleetSpec(args.workers, args.kv_tokens, args.state_slots, args.prefill_tps, args.tpot_ms / 1000.0)
     policy = policy_from_overrides(args.policy, session_ttl_s=args.session_ttl)
-    if args.events:
+    if args.replicas is not None:
+        from k3_sglang.tooling.router.replay_replicas import run_replica_replay
+
+        if args.replicas < 2 or args.events:
+            raise _cli_error("--replicas must be >= 2 (and is not combined with --events)")
+        rows, samples = run_replica_replay(trace, spec, policy, args.replicas)
+        args.section = args.section or f"replicas{args.replicas}-" + section_name(args.trace)
+    elif args.events:
         from k3_sglang.tooling.router.replay_events import event_arms
 
         if args.retain_s < 0 or args.host_factor < 0:

@@ -96,10 +96,13 @@ class PolicyConfig:
     max_retain_s: float = 3600.0     # longest session retention forwarded (longer asks are clamped)
     prefetch_min_tokens: int = 512   # prefetch when at least this much of a turn's prefix is off the device (0: off)
     prefetch_timeout_s: float = 30.0
+    session_home: str = "score"      # a new session's home: lowest score, or rendezvous hashing (replicas.py)
 
     def __post_init__(self) -> None:
         if self.admission not in ("reject", "queue"):
             raise ConfigError(f"policy.admission must be 'reject' or 'queue', got {self.admission!r}")
+        if self.session_home not in ("score", "rendezvous"):
+            raise ConfigError(f"policy.session_home must be 'score' or 'rendezvous', got {self.session_home!r}")
         if not 0.0 <= self.kv_headroom < 1.0:
             raise ConfigError(f"policy.kv_headroom must be in [0, 1), got {self.kv_headroom}")
         for name in ("block_tokens", "chars_per_token", "default_prefill_tokens_per_s", "session_ttl_s",
@@ -160,9 +163,14 @@ class RouterConfig:
     admin_key: str | None = None
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
+    events_curve_key: str | None = None         # the router's ZMQ certificate (both keys), for CURVE-protected events
+    events_curve_server_key: str | None = None  # the workers' public ZMQ certificate
 
     def __post_init__(self) -> None:
         check_roles(self.workers)
+        if (self.events_curve_key is None) != (self.events_curve_server_key is None):
+            raise ConfigError("events_curve_key and events_curve_server_key go together (the router's certificate "
+                              "and the workers' public one)")
 
     @property
     def disaggregated(self) -> bool:

@@ -13,6 +13,10 @@ without a radix cache, so the prefix index is neither consulted nor fed for them
 
 Workers that publish KV events (`event_feeds`, fed by event_subscriber.py) are placed by what their events
 say they can resume (event_placement.py), with the text inference as the fall-back; PD legs use inference only.
+
+A session this process has no record of (its earlier turns went to another router replica, or this one restarted)
+gets a derived home (replicas.py): where the events show its checkpoints, else (`session_home: rendezvous`) its
+rendezvous-hashing worker; the policy weighs that home as a follow-up turn's.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ from k3_sglang.router.config import PolicyConfig, ReliabilityConfig
 from k3_sglang.router.event_feed import WorkerEventFeed
 from k3_sglang.router.event_index import WorkerEventIndex
 from k3_sglang.router.event_placement import event_views
-from k3_sglang.router.fleet import DECODE, MIXED, PREFILL, Fleet, Ticket, WorkerState, leg_session_id
-from k3_sglang.router.policy import MOVE, UNAVAILABLE, Decision, RouteRequest, decide
+from k3_sglang.router.fleet import DECODE, MIXED, PREFILL, Fleet, SessionRecord, Ticket, WorkerState, leg_session_id
+from k3_sglang.router.policy import MOVE, NEW, UNAVAILABLE, Decision, RouteRequest, decide
 from k3_sglang.router.prefill_rate import PrefillRate, informative
 from k3_sglang.router.prefix import PrefixIndex
+from k3_sglang.router.replicas import RENDEZVOUS, derived_home
 from k3_sglang.router.session_index import SessionIndex
 
 log = logging.getLogger("k3.router")
@@ -169,6 +174,9 @@ class RouterCore:
             return Decision(UNAVAILABLE, None, float("inf"), 0, request.context_tokens, reason, retry_after), None
         if role == DECODE:
             prefix_hashes = ()  # no radix cache on a PD decode server: nothing to predict or match
+        derived = ""
+        if record is None and role == MIXED:
+            record, derived = self._derived_record(request, workers)
         mask = 0
         for w in workers:
             mask |= 1 << w.bit
@@ -176,10 +184,25 @@ class RouterCore:
         views = event_views(self.event_feeds, workers, request.session_id, request.token_ids,
                             record.worker_id if record is not None else None) if self.event_feeds and role == MIXED else None
         decision = decide(request, record, workers, matched, self.policy, views)
+        if derived == RENDEZVOUS and decision.placed:  # a new session after all: its home was only a hash
+            decision = dataclasses.replace(decision, kind=NEW, reason=f"{decision.reason} (rendezvous home)")
         self.placements[decision.kind] += 1
         if not decision.placed:
             return decision, None
         return decision, self._admit(decision, request, prefix_hashes, now, record_identity=role != PREFILL)
+
+    def _derived_record(self, request: RouteRequest, workers: Sequence[WorkerState]) -> tuple[SessionRecord | None, str]:
+        """A stand-in record (never stored) for a session this replica has no record of, whose home is derived
+        (replicas.py): decide() then weighs that home as a follow-up turn's. (None, "") when nothing names one."""
+        if not self.event_feeds and self.policy.session_home != RENDEZVOUS:
+            return None, ""
+        # rendezvous only for an explicit session id: a keyless session's id is this replica's own invention
+        session_home = self.policy.session_home if not request.derived else "score"
+        home_id, tokens, derived = derived_home(request.session_id, self.event_feeds,
+                                                [w.worker_id for w in workers], session_home)
+        if home_id is None:
+            return None, ""
+        return SessionRecord(request.session_id, worker_id=home_id, context_tokens=tokens), derived
 
     def _admit(self, decision: Decision, request: RouteRequest, prefix_hashes: Sequence[int], now: float,
                record_identity: bool = True) -> Ticket:

@@ -72,6 +72,8 @@ class WorkerEventIndex:
         self.block_size: int | None = None
         self.overflowed = False
         self.orphans = 0  # stores whose parent the index did not know
+        self.device_blocks = 0  # blocks held in the device tier (what the worker's KV pool holds)
+        self.device_states = 0  # KDA checkpoints held in the device tier (state slots the radix cache holds)
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -83,6 +85,13 @@ class WorkerEventIndex:
         self.checkpoints.clear()
         self.owners.clear()
         self.session_checkpoints.clear()
+        self.device_blocks = self.device_states = 0
+
+    @property
+    def resident_tokens(self) -> int:
+        """KV tokens the worker holds on its device tier, by its events (the ledger's `resident_tokens` where it
+        publishes)."""
+        return self.device_blocks * (self.block_size or 0) * self.unit_tokens
 
     # ---- events --------------------------------------------------------------------------
     def apply(self, event: Event) -> None:
@@ -95,6 +104,7 @@ class WorkerEventIndex:
         elif isinstance(event, CheckpointStored):
             tokens, tiers = self.checkpoints.get(event.block_hash, (event.tokens, 0))
             self.checkpoints[event.block_hash] = (event.tokens, tiers | event.tier)
+            self.device_states += bool(event.tier & DEVICE and not tiers & DEVICE)
             if event.session_id is not None:
                 self.owners.setdefault(event.block_hash, set()).add(event.session_id)
                 self.session_checkpoints.setdefault(event.session_id, set()).add(event.block_hash)
@@ -117,9 +127,11 @@ class WorkerEventIndex:
             block = self.blocks.get(h)
             if block is None:
                 self.blocks[h] = Block(parent_hash, depth, chain, event.tier, event.token_ids[i * size:(i + 1) * size])
+                self.device_blocks += bool(event.tier & DEVICE)
                 if chain is not None:
                     self.by_chain[chain] = h
             else:
+                self.device_blocks += bool(event.tier & DEVICE and not block.tiers & DEVICE)
                 block.tiers |= event.tier
             parent_hash = h
         if len(self.blocks) > self.max_blocks:
@@ -130,6 +142,7 @@ class WorkerEventIndex:
         block = self.blocks.get(h)
         if block is None:
             return
+        self.device_blocks -= bool(block.tiers & DEVICE and tier & DEVICE)
         block.tiers &= ~tier
         self._remove_checkpoint(h, tier if block.tiers else -1)  # a state without its KV block resumes nothing
         if block.tiers:
@@ -143,6 +156,7 @@ class WorkerEventIndex:
         if entry is None:
             return
         tiers = entry[1] & ~tier
+        self.device_states -= bool(entry[1] & DEVICE and not tiers & DEVICE)
         if tiers:
             self.checkpoints[h] = (entry[0], tiers)
             return

@@ -9,7 +9,9 @@ the replay socket (a DEALER on SGLang's ROUTER: `[b"", start_seq]`, answered by 
 an end marker) while still reading live batches, which the feed buffers. No answer within
 `event_replay_timeout_s` is a failed replay (the feed keeps only what follows the gap). Each kind of problem is
 logged once per worker; counts are in `/metrics` and `GET /workers`. A worker that turns unhealthy has its feed
-reset: after it comes back its cache is whatever the events then say.
+reset: after it comes back its cache is whatever the events then say. A worker whose publisher is `k3_zmq_curve`
+(events off loopback, serving/kv_events_curve.py) is subscribed with CURVE (both sockets) when the router has keys
+(event_curve.py), else placed by text inference.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from k3_sglang.router.capacity import get_json
+from k3_sglang.router.event_curve import CURVE_PUBLISHER, client_socket_options, load_keys
 from k3_sglang.router.config import MIXED
 from k3_sglang.router.kv_events import END_OF_REPLAY, MalformedEvents, parse_seq
 
@@ -38,12 +41,13 @@ class EventSource:
     endpoint: str
     topic: str
     replay_endpoint: str | None
+    curve: bool = False  # CURVE-protected (publisher `k3_zmq_curve`, event_curve.py)
 
 
 def parse_event_source(worker_url: str, info) -> tuple[EventSource | None, str]:
     """(source, '') from a `/server_info` body, or (None, why not)."""
     desc = info.get("kv_events") if isinstance(info, dict) else None
-    if not isinstance(desc, dict) or desc.get("publisher") != "zmq":
+    if not isinstance(desc, dict) or desc.get("publisher") not in ("zmq", CURVE_PUBLISHER):
         return None, "the worker advertises no KV events (/server_info kv_events)"
     if desc.get("dp_size", 1) != 1:
         return None, f"data-parallel worker (dp_size {desc.get('dp_size')}): one cache per rank, not used"
@@ -55,14 +59,24 @@ def parse_event_source(worker_url: str, info) -> tuple[EventSource | None, str]:
     address = f"[{host}]" if ":" in host and not host.startswith("[") else host
     topic = desc.get("topic") if isinstance(desc.get("topic"), str) else ""
     replay_ok = isinstance(replay, int) and not isinstance(replay, bool) and 0 < replay < 65536
-    return EventSource(f"tcp://{address}:{port}", topic, f"tcp://{address}:{replay}" if replay_ok else None), ""
+    return EventSource(f"tcp://{address}:{port}", topic, f"tcp://{address}:{replay}" if replay_ok else None,
+                       desc.get("publisher") == CURVE_PUBLISHER), ""
+
+
+def curve_options(config) -> list | None:
+    """The CURVE client options of a router config (`events_curve_key`), or None when it has no keys."""
+    if config.events_curve_key is None:
+        return None
+    server = load_keys(config.events_curve_server_key, "events_curve_server_key")
+    return client_socket_options(load_keys(config.events_curve_key, "events_curve_key"), server.public)
 
 
 class WorkerSubscription:
     """Reads one worker's events into its feed until stopped."""
 
-    def __init__(self, state, worker_id: str, source: EventSource) -> None:
+    def __init__(self, state, worker_id: str, source: EventSource, curve: list | None = None) -> None:
         self.state, self.worker_id, self.source = state, worker_id, source
+        self.curve = curve if source.curve else None  # CURVE client options for both sockets
         self.feed = state.core.event_feed(worker_id)
         self.logged: set[str] = set()
         self.drop_next = 0  # tests: lose the next N live batches as if on the wire
@@ -72,6 +86,8 @@ class WorkerSubscription:
         sub = context.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.LINGER, 0)
+        for option, value in self.curve or ():
+            sub.setsockopt(option, value)
         sub.connect(self.source.endpoint)
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
         log.info("worker %s: KV events from %s", self.worker_id, self.source.endpoint)
@@ -119,6 +135,8 @@ class WorkerSubscription:
             return
         dealer = context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        for option, value in self.curve or ():
+            dealer.setsockopt(option, value)
         dealer.connect(self.source.replay_endpoint)
         batches: list[tuple[int, bytes]] = []
         deadline = asyncio.get_running_loop().time() + self.state.config.policy.event_replay_timeout_s
@@ -165,6 +183,7 @@ async def events_loop(state, stop: asyncio.Event) -> None:
     next_try: dict[str, float] = {}
     logged: set[tuple[str, str]] = set()
     reliability = state.config.reliability
+    curve = curve_options(state.config)
     try:
         while not stop.is_set():
             workers = {w.worker_id for w in state.core.fleet.workers.values() if w.role == MIXED}
@@ -180,13 +199,16 @@ async def events_loop(state, stop: asyncio.Event) -> None:
                     continue
                 _, info = await get_json(state.control, worker_id + "/server_info", reliability.health_timeout_s)
                 source, why = parse_event_source(worker_id, info)
+                if source is not None and source.curve and curve is None:
+                    source, why = None, "its KV events are CURVE-protected and this router has no keys for them " \
+                                        "(--curve-key, --curve-server-key)"
                 if source is None:
                     next_try[worker_id] = state.now() + reliability.capacity_refresh_s
                     if info is not None and (worker_id, why) not in logged:
                         logged.add((worker_id, why))
                         log.info("worker %s: placed by text inference (%s)", worker_id, why)
                     continue
-                subscription = state.subscriptions[worker_id] = WorkerSubscription(state, worker_id, source)
+                subscription = state.subscriptions[worker_id] = WorkerSubscription(state, worker_id, source, curve)
                 tasks[worker_id] = asyncio.create_task(subscription.run(stop))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=min(2.0, reliability.health_interval_s))

@@ -7,6 +7,7 @@ Cost model (docs/router.md has the full derivation):
                  and inflight_requests_w + 1 <= state_slots_w    one KDA state slot per running request
     cached_w   = context of the session if it lives on w, else matched prefix blocks * block_tokens;
                  where w's KV events answer, their resumable prefix instead (event_placement.py)
+    R_w, N_w   = resident tokens / sessions: the ledger's, or where w's events are synced what they say w holds
     ttft_w     = (queued_tokens_w + context - cached_w) / prefill_tps_w
     score_w    = ttft_w + B(k_kv) + B(k_slot),  B(k) = kv_barrier_s * k / (1 - k)
     backlog_w  = ttft_w > max_predicted_ttft_s  or  reported_waiting_requests_w >= max_waiting_requests
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 from k3_sglang.router.config import PolicyConfig
 from k3_sglang.router.cost_model import kv_barrier_s, move_penalty_s, predicted_ttft_s
-from k3_sglang.router.event_placement import EventView, cached_tokens
+from k3_sglang.router.event_placement import EventView, cached_tokens, residency
 from k3_sglang.router.fleet import SessionRecord, WorkerState
 
 NEW, STAY, MOVE, REJECT, UNAVAILABLE = "new", "stay", "move", "reject", "unavailable"
@@ -105,10 +106,10 @@ def evaluate(
     cached = cached_tokens(view, cached, request.context_tokens)
     uncached = request.context_tokens - cached
     ttft = predicted_ttft_s(worker.queued_tokens, uncached, worker.prefill_tps)
-    own_tokens = record.resident_tokens if is_home else 0
-    k_kv = min(worker.resident_tokens - own_tokens + need, cap) / worker.kv_capacity
+    resident_tokens, resident_sessions, own_tokens = residency(view, worker, record.resident_tokens if is_home else 0)
+    k_kv = min(resident_tokens - own_tokens + need, cap) / worker.kv_capacity
     slots_cap = worker.state_slots * (1.0 - cfg.kv_headroom)
-    k_slot = min(worker.resident_sessions + (0 if is_home else 1), slots_cap) / worker.state_slots
+    k_slot = min(resident_sessions + (0 if is_home else 1), slots_cap) / worker.state_slots
     score = ttft + kv_barrier_s(k_kv, cfg.kv_barrier_s) + kv_barrier_s(k_slot, cfg.kv_barrier_s)
     return Candidate(worker, not blocked, blocked, cached, uncached, ttft, score)
 

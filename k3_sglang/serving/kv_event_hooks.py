@@ -180,6 +180,8 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from k3_sglang.serving import retention
+    from k3_sglang.serving.kv_events_curve import register_publisher
 
     for target, hook, kind in installed_hooks() + retention.installed_hooks():
         HookRegistry.register(target, hook, HookType[kind])
+    register_publisher()  # `k3_zmq_curve`, the CURVE-protected publisher k3 serve names off loopback

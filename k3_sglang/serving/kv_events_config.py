@@ -6,13 +6,18 @@ SGLang 0.5.23 publishes its radix cache's BlockStored / BlockRemoved / AllBlocks
 the flag, or sets `K3_KV_EVENTS=off`, `k3 serve` adds one: a PUB socket bound on loopback (127.0.0.1, or
 `K3_KV_EVENTS_HOST`) and a replay socket beside it, on ports free at launch (`dp_size` of each: SGLang offsets
 them per DP rank). SGLang advertises both under `kv_events` in `/server_info`, where `k3 router` finds them.
+Off loopback (or with `K3_KV_EVENTS_CURVE=on`) both sockets are CURVE-authenticated and encrypted
+(serving/kv_events_curve.py): the publisher is then `k3_zmq_curve`, and the key files must be given.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+import os
 from typing import Literal
+
+from pydantic import model_validator
 
 from k3_sglang.env_settings import EnvModel
 from k3_sglang.serving.argv import flag_value as _flag_value
@@ -24,10 +29,35 @@ TOPIC = "kv"
 
 
 class KvEventsSettings(EnvModel):
-    """K3_KV_EVENTS: on (default) or off; K3_KV_EVENTS_HOST: the address the sockets bind (default 127.0.0.1)."""
+    """K3_KV_EVENTS: on (default) or off; K3_KV_EVENTS_HOST: the address the sockets bind (default 127.0.0.1).
+    K3_KV_EVENTS_CURVE: auto (default: on when the host is not loopback), on or off (plain ZMQ even off loopback:
+    every prompt goes to whoever connects); with CURVE, K3_KV_EVENTS_CURVE_SECRET_FILE (the worker's ZMQ certificate,
+    both keys) and K3_KV_EVENTS_CURVE_CLIENTS_DIR (the admitted clients' public certificates) are required."""
 
     kv_events: Literal["on", "off"] = "on"
     kv_events_host: str = "127.0.0.1"
+    kv_events_curve: Literal["auto", "on", "off"] = "auto"
+    kv_events_curve_secret_file: str = ""
+    kv_events_curve_clients_dir: str = ""
+
+    @model_validator(mode="after")
+    def _curve_keys_given(self):
+        if self.enabled and self.curve:
+            if not os.path.isfile(self.kv_events_curve_secret_file):
+                raise ValueError("K3_KV_EVENTS_CURVE_SECRET_FILE must name the worker's ZMQ certificate file when the "
+                                 f"KV events are CURVE-protected (host {self.host!r}, K3_KV_EVENTS_CURVE="
+                                 f"{self.kv_events_curve}); got {self.kv_events_curve_secret_file!r}")
+            if not os.path.isdir(self.kv_events_curve_clients_dir):
+                raise ValueError("K3_KV_EVENTS_CURVE_CLIENTS_DIR must name a directory of the routers' public ZMQ "
+                                 f"certificates; got {self.kv_events_curve_clients_dir!r}")
+        return self
+
+    @property
+    def curve(self) -> bool:
+        """Whether the event and replay sockets are CURVE-protected."""
+        from k3_sglang.serving.kv_events_curve import is_loopback
+
+        return self.kv_events_curve == "on" or (self.kv_events_curve == "auto" and not is_loopback(self.host))
 
     @property
     def enabled(self) -> bool:
@@ -40,10 +70,10 @@ class KvEventsSettings(EnvModel):
 
 
 
-def kv_events_config(host: str, base_port: int, dp_size: int) -> str:
+def kv_events_config(host: str, base_port: int, dp_size: int, publisher: str = "zmq") -> str:
     """The JSON SGLang's `--kv-events-config` takes: PUB on base..base+dp-1, replay on base+dp..base+2dp-1."""
     address = f"[{host}]" if ":" in host else host
-    return json.dumps({"publisher": "zmq", "endpoint": f"tcp://{address}:{base_port}", "bind": True,
+    return json.dumps({"publisher": publisher, "endpoint": f"tcp://{address}:{base_port}", "bind": True,
                        "replay_endpoint": f"tcp://{address}:{base_port + dp_size}", "topic": TOPIC})
 
 
@@ -55,7 +85,10 @@ def kv_events_flags(extra: list[str], settings: KvEventsSettings,
     if _flag_value(extra, "--disaggregation-mode", "null") == "decode":
         return []  # a PD decode server keeps no radix cache: nothing to publish
     dp = max(1, int(_flag_value(extra, "--dp-size", _flag_value(extra, "--dp", "1"))))
-    return [KV_EVENTS_FLAG, kv_events_config(settings.host, pick_ports(2 * dp), dp)]
+    from k3_sglang.serving.kv_events_curve import PUBLISHER
+
+    publisher = PUBLISHER if settings.curve else "zmq"
+    return [KV_EVENTS_FLAG, kv_events_config(settings.host, pick_ports(2 * dp), dp, publisher)]
 
 
 def hooks_env(env: dict[str, str]) -> dict[str, str]:

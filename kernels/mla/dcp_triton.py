@@ -10,6 +10,7 @@ partials are merged exactly (decode.merge_attention_states_triton).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -105,6 +106,39 @@ def query_blocks(q_indptr: torch.Tensor, block: int, q_len: int | None) -> tuple
     return req.to(torch.int32), (q_indptr.long()[req] + local * block).to(torch.int32)
 
 
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One program's tile: `heads` (BH) x `queries` (BQ) rows against `keys` (BN) keys per step, and its warps and
+    software-pipeline stages."""
+
+    heads: int
+    queries: int
+    keys: int
+    num_warps: int
+    num_stages: int
+
+
+def launch_config(h: int, q_len: int | None) -> LaunchConfig:
+    """The tile for h query heads per rank and q_len queries per request (None: ragged prefill chunks).
+
+    Rows (BH heads x BQ queries): up to 32 heads of one query, so the 96 heads of a GB300 TP8/DCP8 rank stream their
+    keys 3 times, not 6; decode fills 16 rows with queries of one request only when there are fewer heads (there is
+    one query), verify and prefill chunks fill 32. Always 8 warps: at 4 warps the fp32 accumulator [rows, 512] and
+    the query tile leave ptxas at 255 registers with spills (16 rows, sm_100a) or spills outright (32 rows). Keys per
+    step: 16 at 32 rows and 32 at 16 rows, the same [rows, keys] score tile, so that with 3 stages a program needs
+    about 96-128 registers and 55 KB shared on sm_90a and sm_100a and two programs fit on an SM (16 warps), where
+    32 keys at 32 rows took 160-184 registers and one (docs/kernels.md, `k3 bench kernels --static`)."""
+    bh = max(1, min(32, triton.next_power_of_2(h)))
+    bq = max(1, (16 if q_len == 1 else 32) // bh)
+    return LaunchConfig(bh, bq, 512 // (bh * bq), 8, 3)
+
+
+def use_fp32_dots(dtype: torch.dtype) -> bool:
+    """fp32 inputs: exact fp32 dots (no TF32); 16-bit: tensor-core dots. The CPU interpreter cannot dot 16-bit
+    floats, so under TRITON_INTERPRET=1 16-bit inputs take the fp32 branch (tests may patch this)."""
+    return dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
+
+
 # Split partials stay under this many bytes (fp32 [splits, T, H, v_dim]); beyond it the kernel runs unsplit.
 PARTIALS_BYTES = 64 << 20
 
@@ -125,8 +159,8 @@ def mla_dcp_attention_triton(
         raise ValueError(f"mla_dcp_attention_triton: kv_cache is {kv_cache.dtype}, q_lat {q_lat.dtype}")
     q_lat, kv_cache, block_table = q_lat.contiguous(), kv_cache.contiguous(), block_table.contiguous()
     t, h, width = q_lat.shape
-    bh = max(1, min(32, triton.next_power_of_2(h)))
-    bq = max(1, (16 if q_len == 1 else 32) // bh)
+    cfg = launch_config(h, q_len)
+    bh, bq = cfg.heads, cfg.queries
     qb_req, qb_tok = query_blocks(q_indptr, bq, q_len)
     head_blocks = triton.cdiv(h, bh)
     if num_splits is None:
@@ -140,13 +174,12 @@ def mla_dcp_attention_triton(
         o = torch.empty(num_splits, t, h, v_dim, dtype=torch.float32, device=q_lat.device)
     if qb_req.shape[0] == 0 or t == 0:
         return o[0].zero_().to(q_lat.dtype), lse[0].fill_(float("-inf"))
-    # fp32 inputs: exact fp32 dots (no TF32); 16-bit: tensor-core dots. The CPU interpreter cannot dot 16-bit floats.
-    dot_fp32 = q_lat.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
+    dot_fp32 = use_fp32_dots(q_lat.dtype)
     mla_dcp_kernel[(qb_req.shape[0], head_blocks, num_splits)](
         q_lat, kv_cache, block_table, qb_req, qb_tok, q_indptr, kv_lens, causal_seqs, o, lse, scale, t, h,
         block_table.stride(0), cp_world, cp_rank, L=width, C=v_dim, R=width - v_dim, P=page_size, BQ=bq, BH=bh,
-        BC=max(16, triton.next_power_of_2(v_dim)), BR=max(16, triton.next_power_of_2(width - v_dim)), BN=32,
-        NUM_SPLITS=num_splits, DOT_FP32=dot_fp32, num_warps=4 if bq * bh <= 16 else 8,
+        BC=max(16, triton.next_power_of_2(v_dim)), BR=max(16, triton.next_power_of_2(width - v_dim)), BN=cfg.keys,
+        NUM_SPLITS=num_splits, DOT_FP32=dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if num_splits == 1:
         return o[0], lse[0]

@@ -27,6 +27,10 @@ def _assert_same(index: WorkerEventIndex, worker: SimRadixWorker, queries: list[
         {h: b.tiers for h, b in worker.blocks.items()}
     truth_checkpoints = {h: {tier_bit(t) for t in b.checkpoint} for h, b in worker.blocks.items() if b.checkpoint}
     assert {h: {bit for bit in (1, 2) if tiers & bit} for h, (_, tiers) in index.checkpoints.items()} == truth_checkpoints
+    # residency the policy charges where a worker publishes: device-tier blocks (tokens) and KDA states
+    assert index.device_blocks == sum("GPU" in b.tiers for b in worker.blocks.values())
+    assert index.resident_tokens == index.device_blocks * worker.page * (index.block_size is not None)
+    assert index.device_states == sum("GPU" in b.checkpoint for b in worker.blocks.values())
     seen = []
     for tokens in queries:
         assert index.match_tokens(tokens) == worker.resumable(tokens), tokens

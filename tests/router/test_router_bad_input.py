@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import orjson
 import pytest
 
 pytestmark = pytest.mark.timeout(60)
@@ -49,8 +50,15 @@ def test_oversize_body_is_413(http):
     assert_error(http.post(CHAT, json=big), 413, "body_too_large")
 
 
-def test_unknown_model_is_404(http):
-    assert_error(http.post(CHAT, json={**GOOD, "model": "gpt-nope"}), 404, "model_not_found")
+@pytest.mark.parametrize("model", ["default", "gpt-other", "mock-k3:adapter"])
+def test_router_accepts_the_model_names_its_workers_accept(make_fleet, model):
+    """SGLang answers whatever `model` it is sent (README's example uses "default"): the router forwards it as is."""
+    fleet = make_fleet(1)
+    with httpx.Client(base_url=fleet.router.url, timeout=10) as client:
+        response = client.post(CHAT, json={**GOOD, "model": model})
+        assert response.status_code == 200, response.text
+        assert client.get("/v1/models").json()["data"][0]["id"] == "mock-k3"  # the list is still the workers'
+    assert orjson.loads(fleet.states[0].last_body)["model"] == model
 
 
 def test_admin_key_checks(http):

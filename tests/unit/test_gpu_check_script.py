@@ -28,6 +28,7 @@ case "$*" in
   "-m pytest tests/model"*) echo "9 passed"; exit "${STUB_MODEL_RC:-0}" ;;
   "-m pytest tests/e2e"*) echo "2 passed"; exit "${STUB_SERVE_RC:-0}" ;;
   bench/dcp_kernel_check.py*) echo "k3_dcp_mla: every case within tolerance"; exit "${STUB_DCP_RC:-0}" ;;
+  bench/roofline_check.py*) echo "| H200 TP16 | 131072 | 8 | 48 | 16384 | ok |"; exit "${STUB_ROOF_RC:-0}" ;;
   bench/kernels_gpu.py*) echo "goal >= 70 % of measured bandwidth at every batch: met"; exit "${STUB_BENCH_RC:-0}" ;;
 esac
 exit 98
@@ -69,8 +70,9 @@ def test_sglang_steps_run_where_sglang_0_5_23_imports(tmp_path):
     assert rc == 0 and _verdicts(report) == ("PASS", "PASS")
     assert "-m pytest tests/model -q -p no:cacheprovider -rs" in calls and "GPU=1" in calls
     assert "tests/e2e/test_serve_matches_reference.py" in calls
-    assert report.count("- exit code: 0") == 6
+    assert report.count("- exit code: 0") == 7
     assert f"bench/dcp_kernel_check.py | PYTHONPATH={REPO}" in calls
+    assert f"bench/roofline_check.py --iters 20 | PYTHONPATH={REPO}" in calls and "| H200 TP16 | 131072" in report
 
 
 @pytest.mark.parametrize("env,expected,rc", [
@@ -78,6 +80,7 @@ def test_sglang_steps_run_where_sglang_0_5_23_imports(tmp_path):
     ({"STUB_KERNEL_TESTS_RC": "1"}, ("FAIL", "NOT RUN"), 1),
     ({"STUB_BENCH_RC": "1", **SGLANG_OK}, ("FAIL", "PASS"), 1),
     ({"STUB_DCP_RC": "1"}, ("FAIL", "NOT RUN"), 1),  # the k3_dcp_mla kernel check is a kernel step
+    ({"STUB_ROOF_RC": "1"}, ("FAIL", "NOT RUN"), 1),  # so is the roofline measurement (a non-finite output)
     ({"STUB_SERVE_RC": "1", **SGLANG_OK}, ("PASS", "FAIL"), 1),  # a failed SGLang step fails the run, not the kernels
     ({"STUB_CUDA_RC": "1", **SGLANG_OK}, ("NOT RUN", "NOT RUN"), 1),  # no GPU: nothing passes
 ])

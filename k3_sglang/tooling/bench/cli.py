@@ -14,7 +14,10 @@ BENCH_TARGETS: dict[str, tuple[str, str]] = {
     "dcp": ("k3_sglang.tooling.bench.dcp", "decode step time and KV read per rank, TP2 with DCP2 vs without, 4K-64K"),
     "pp-prefill": ("k3_sglang.tooling.bench.pp_prefill", "16K-token chunked pipeline prefill: PP2 vs PP1 on one and two cores"),
     "kda-prefill": ("k3_sglang.tooling.bench.kda_prefill", "chunked torch KDA vs the per-token recurrence on CPU"),
-    "kernels": ("k3_sglang.tooling.bench.kernels", "Triton kernels vs references at K3-full shapes (CUDA only)"),
+    "kernels": ("k3_sglang.tooling.bench.kernels", "Triton kernels vs references at K3-full shapes (CUDA only; --static: "
+                "compiled for sm_90a/sm_100a here)"),
+    "roofline": ("k3_sglang.tooling.bench.roofline", "bytes, flops and HBM-bound step time of K3 MLA decode per rank, "
+                 "DCP 1-8, H200 and GB300 (--write: docs/roofline.md)"),
     "router": ("k3_sglang.tooling.bench.router", "router placement latency, memory and proxy overhead"),
     "kv-events": ("k3_sglang.tooling.bench.kv_events", "agent sessions over two workers: text-inferred vs event-fed "
                   "placement vs event-fed + retention + prefetch"),

@@ -36,9 +36,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=16384, help="MLA context length per request")
     parser.add_argument("--only", nargs="+", default=None,
                         choices=["kda", "verify", "prefill", "mla", "merge", "attn_res", "mxfp4", "moe"], help="run a subset")
+    parser.add_argument("--static", action="store_true",
+                        help="no GPU needed: compile every server kernel for sm_90a and sm_100a at production shapes "
+                             "and report registers, spills, shared memory, blocks per SM (kernels_static.py)")
+    parser.add_argument("--refresh", action="store_true", help="--static: ignore the compile caches")
+    parser.add_argument("--write", action="store_true",
+                        help="--static: rewrite the committed cache and the table in docs/kernels.md")
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "static", False):
+        from k3_sglang.tooling.bench import kernels_static
+
+        return kernels_static.run(args)
     try:
         import torch
     except ImportError:

@@ -1,6 +1,7 @@
 """`k3 bench router`: placement decision latency and memory with 100,000 live sessions, and the
 proxy overhead of the router next to SMG (if installed: `pip install -e '.[bench]'`) against one
-mock worker, all measured in the same run on loopback.
+mock worker, all measured in the same run on loopback; then one router replica's throughput vs two's
+(replica_bench.py, instant mock workers, `--no-replicas` skips it).
 
 Proxy figures (`k3_sglang/router/proxy_bench.py`): at concurrency 1 the added latency over talking to the worker
 directly (non-streamed, and time to first byte streamed), at concurrency 32 the throughput as a
@@ -26,6 +27,7 @@ import sys
 import time
 
 from k3_sglang.tooling.router.proxy_bench import proxy_markdown, run_proxy_bench
+from k3_sglang.tooling.router.replica_bench import replica_markdown, run_replica_bench
 from k3_sglang.router.config import PolicyConfig
 from k3_sglang.router.core import Capacity, RouterCore
 from k3_sglang.router.policy import RouteRequest
@@ -46,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smg", help="path of the `smg` executable (default: beside python, then PATH)")
     parser.add_argument("--no-smg", action="store_true", help="do not measure SMG even if installed")
     parser.add_argument("--profile", action="store_true", help="profile the k3 router with py-spy at concurrency 32")
+    parser.add_argument("--no-replicas", action="store_true", help="skip one vs two router replicas")
     parser.add_argument("--docs-dir", default="docs")
     parser.add_argument("--no-write", action="store_true", help="do not update docs/router-bench.md")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -141,6 +144,7 @@ def markdown(figures: dict, command: str) -> str:
         f"{p['router_memory_mb']} MB | <= 300 MB |\n"
         f"| prefix keys + block hashes of a ~100K-token chat body, p50 | {q['parse_100k_token_chat_p50_ms']} ms | - |\n\n"
         + proxy_markdown(figures["proxy"])
+        + ("\n" + replica_markdown(figures["replicas"]) if "replicas" in figures else "")
     )
 
 
@@ -158,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     figures["parsing"] = bench_request_parsing()
     figures["proxy"] = run_proxy_bench(args.proxy_requests, args.c32_requests, args.rounds,
                                        smg=None if args.no_smg else (args.smg or ""), profile=args.profile)
+    if not args.no_replicas:
+        figures["replicas"] = run_replica_bench(args.c32_requests, args.rounds)
     command = "k3 " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:3] == ["bench", "router"] \
         else "k3 bench router"
     if not args.no_write:
