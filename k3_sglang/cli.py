@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("k3_sglang.plan.cli", "capacity planner for K3 deployments"),
     "launch": ("k3_sglang.launch.cli", "render launch scripts from a plan"),
     "bench": ("k3_sglang.tooling.bench.cli", "run a benchmark"),
+    "hooks": ("k3_sglang.sglang_fingerprints", "check the SGLang targets we hook against the committed snapshot"),
 }
 
 

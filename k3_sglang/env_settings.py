@@ -9,7 +9,8 @@ One model per process kind: `ServeSettings` (serving/settings.py) for the `k3 se
 (model/settings.py) for SGLang's server processes that run the portable model (K3_CSV's `SpecSettings` is its
 `spec` section). Two concerns have their own small models, read where they act: `KvEventsSettings`
 (serving/kv_events_config.py, `k3 serve`) and `RetentionSettings` (serving/retention.py, `k3 serve` and SGLang's
-scheduler), `HiCacheSettings` (hicache/settings.py, SGLang's scheduler). The router, planner and launch renderer read no environment (their input is flags and YAML).
+scheduler), `HiCacheSettings` (hicache/settings.py, SGLang's scheduler), `GuardSettings` (sglang_guard.py, every K3 process:
+K3_ALLOW_SGLANG_VERSION). The router, planner and launch renderer read no environment (their input is flags and YAML).
 """
 from __future__ import annotations
 

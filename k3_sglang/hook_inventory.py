@@ -5,7 +5,9 @@ or one attribute is swapped); a registry entry uses an extension point SGLang do
 own `installed_hooks()`; this module only collects them with when they apply and the test that catches drift when
 the pinned SGLang changes under them. docs/architecture.md carries the same table (`python -m
 k3_sglang.hook_inventory` prints it; tests/unit/test_hook_inventory.py keeps the two equal and checks that every
-target still exists in the installed SGLang).
+target still exists in the installed SGLang). The other reaches into SGLang (attributes swapped, private names,
+subclasses, environment variables; k3_sglang/sglang_reaches.py) and the SGLang registries used are rendered after the
+hooks, each marked public seam or private internal, with the counts (`counts_line`).
 """
 from __future__ import annotations
 
@@ -191,7 +193,48 @@ def markdown() -> str:
         rows.append(f"| {i} | `{h.target}` | {h.kind} | `{h.owner}` | {h.when} | `{h.drift_test}` |")
     rows += ["", "Why each one:", ""]
     rows += [f"{i}. `{_short(h.target)}`: {h.why}" for i, h in enumerate(hooks, 1)]
-    return "\n".join(rows)
+    return "\n".join(rows + [""] + _reach_rows() + [""] + _registry_rows() + [""] + [counts_line()])
+
+
+def reaches():
+    """The reaches into SGLang that are not HookRegistry hooks (k3_sglang/sglang_reaches.py)."""
+    from k3_sglang.sglang_reaches import REACHES
+
+    return REACHES
+
+
+def _reach_rows() -> list[str]:
+    rows = ["Other reaches into SGLang (attributes swapped or bound, private names, subclasses, environment, "
+            "arguments bound by name):", "", "| # | target | kind | seam | owner | test | why |",
+            "|---|---|---|---|---|---|---|"]
+    rows += [f"| R{i} | `{r.target}` | {r.kind} | {r.seam} | `{r.owner}` | `{r.test}` | {r.why} |"
+             for i, r in enumerate(reaches(), 1)]
+    return rows
+
+
+def _registry_rows() -> list[str]:
+    rows = ["SGLang extension points used (public seams):", "", "| # | what | where | owner |", "|---|---|---|---|"]
+    rows += [f"| S{i} | {what} | {where} | `{owner}` |" for i, (what, where, owner) in enumerate(REGISTRIES, 1)]
+    return rows
+
+
+def counts() -> dict[str, int]:
+    """Rows by seam: every HookRegistry hook patches a private internal; reaches carry their own seam; every registry
+    row is a public seam."""
+    hooks = all_hooks()
+    rs = reaches()
+    return {"hooks": len(hooks), "hooked_targets": len({h.target for h in hooks}),
+            "reaches_public": sum(r.seam == "public" for r in rs),
+            "reaches_private": sum(r.seam == "private" for r in rs), "registries": len(REGISTRIES)}
+
+
+def counts_line() -> str:
+    c = counts()
+    public = c["reaches_public"] + c["registries"]
+    private = c["hooks"] + c["reaches_private"]
+    return (f"Counts: {public} public seams ({c['registries']} extension points, {c['reaches_public']} reaches) and "
+            f"{private} private internals ({c['hooks']} hooks on {c['hooked_targets']} distinct targets, "
+            f"{c['reaches_private']} reaches).")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ the k3_cpu platform for either K3 model (a CUDA host and plain `sglang serve` ar
 from __future__ import annotations
 
 import os
+from k3_sglang.sglang_guard import sglang_plugin
 
 K3_ARCHITECTURES = ("KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM")
 DCP_OVERRIDE_PROVIDER = "_kimi_k3_overrides"
@@ -129,6 +130,7 @@ def installed_hooks(portable: bool = True):
     return dcp + dcp_cpu_hooks() + platform if portable else platform
 
 
+@sglang_plugin
 def register() -> None:
     """Entry point: register the hooks with SGLang's HookRegistry (it applies them), or do nothing off k3_cpu."""
     if not on_k3_cpu():

@@ -16,6 +16,8 @@ NaN/-inf rules), so SGLang's own merge drivers (`cp_lse_ag_out_rs_mla`, `dcp_a2a
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 _NEG_INF = float("-inf")
@@ -183,11 +185,11 @@ def lse_combine_hook(original, recv_output, recv_lse, is_lse_base_on_e=True, ret
 
 
 def extend_metadata_hook(original, *args, **kwargs):
-    """SGLang's DCP extend planner (indices of the all-gathered prefix buffer) for a CPU KV pool, in torch."""
-    names = ("seq_lens", "extend_prefix_lens", "extend_prefix_lens_cpu", "extend_seq_lens", "req_pool_indices",
-             "req_to_token", "seq_lens_sum", "kv_buffer_shape", "kv_cache_dtype", "kv_cache_device",
-             "create_chunked_prefix_cache_kv_indices_fn")
-    bound = {**dict(zip(names, args)), **kwargs}
+    """SGLang's DCP extend planner (indices of the all-gathered prefix buffer) for a CPU KV pool, in torch.
+
+    The call's arguments are bound by SGLang's own signature (a reordered or renamed parameter is a TypeError here,
+    never a silent mis-binding); `extend_gather_metadata_torch` takes the same names but the Triton helper's."""
+    bound = dict(inspect.signature(original).bind(*args, **kwargs).arguments)
     if torch.device(bound["kv_cache_device"]).type != "cpu":
         return original(*args, **kwargs)
     bound.pop("create_chunked_prefix_cache_kv_indices_fn", None)

@@ -34,6 +34,7 @@ import importlib
 import torch
 
 from k3_sglang.hicache.transfer_ops import DIRECT_OPS
+from k3_sglang.sglang_guard import sglang_plugin
 
 KV_HOST_POOL_TARGET = "sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__"
 STATE_HOST_POOL_TARGET = "sglang.srt.mem_cache.pool_host.mamba.MambaPoolHost.__init__"
@@ -114,6 +115,7 @@ def installed_hooks(fault: str = "none"):
     return hooks
 
 
+@sglang_plugin
 def register() -> None:
     """Entry point: register the hooks with SGLang's HookRegistry (it applies them), or do nothing when inactive."""
     if not active():

@@ -304,14 +304,19 @@ def run(args: argparse.Namespace) -> int:
     from k3_sglang.platform import cuda_available
 
     from k3_sglang.model.settings import WorkerSettings
+    from k3_sglang.sglang_guard import GuardSettings, installed_sglang_version, version_refusal
 
     try:
         settings = ServeSettings.from_env()
         WorkerSettings.from_env()  # the workers' K3_* settings (K3_SPEC_* values included), read again there
         events = KvEventsSettings.from_env()
         RetentionSettings.from_env()  # read again in SGLang's scheduler (serving/retention.py)
+        allowed = GuardSettings.from_env().allow_sglang_version
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    refusal = version_refusal(installed_sglang_version(), allowed)  # checked again in every server process
+    if refusal:
+        raise CliError(refusal)
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
     model_path = args.model_path or ensure_tiny_checkpoint(settings)

@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from k3_sglang.router.kv_events import KDA_REMOVED, KDA_STORED
 from k3_sglang.serving.kv_events_config import HOOKS_ENV
+from k3_sglang.sglang_guard import sglang_plugin
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,7 @@ def installed_hooks():
             (RESET_TARGET, forget_checkpoints_on_reset, "AFTER")]
 
 
+@sglang_plugin
 def register() -> None:
     """Entry point `k3_session_cache`: register these hooks and the retention hooks (serving/retention.py) with
     SGLang's HookRegistry when `k3 serve` started this server."""

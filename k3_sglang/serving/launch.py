@@ -19,6 +19,7 @@ from k3_sglang.serving import sglang_cpu_limits
 from k3_sglang.serving.portable_limits import portable_refusals, refusal_message
 from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
+from k3_sglang.sglang_guard import check_sglang_version
 
 
 def _ready_line(host: str, port: int, model: str) -> str:
@@ -50,6 +51,7 @@ def install_guard(app, settings: ServeSettings) -> None:
 
 
 def main(argv: list[str]) -> None:
+    check_sglang_version("k3 serve")  # before SGLang's plugins run (they check again in every server process)
     from sglang.launch_server import run_server
     from sglang.srt.entrypoints import http_server
     from sglang.srt.plugins import load_plugins

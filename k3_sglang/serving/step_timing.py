@@ -29,6 +29,7 @@ from pathlib import Path
 from pydantic import field_validator
 
 from k3_sglang.env_settings import EnvModel
+from k3_sglang.sglang_guard import sglang_plugin
 
 RUN_BATCH_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 RESULT_TARGET = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
@@ -131,6 +132,7 @@ def installed_hooks():
             (FORWARD_TARGET, time_forward, "AROUND")]
 
 
+@sglang_plugin
 def register() -> None:
     """Entry point: with K3_STEP_TIMING set, start this process's step file and register the hooks."""
     global _timer

@@ -21,6 +21,7 @@ from k3_sglang import platform_hooks
 from k3_sglang.dcp_mla import cpu_kernels
 from k3_sglang.dcp_mla.overrides import OVERRIDES_TARGET, collect_overrides_with_k3_dcp_mla
 from k3_sglang.sglang_cpu import shims
+from k3_sglang.sglang_guard import sglang_plugin
 
 _KDA = "sglang.srt.layers.attention.linear.kda_backend"
 
@@ -57,6 +58,7 @@ def installed_hooks():
             *cpu_kernels.TRACK_HOOKS]
 
 
+@sglang_plugin
 def register() -> None:
     """Entry point: the hooks, the MLA backends and the MoE runner core, or nothing when inactive."""
     if not active():

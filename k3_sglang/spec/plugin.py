@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from k3_sglang.sglang_guard import sglang_plugin
 from k3_sglang.spec.settings import ALGORITHM
 
 ASSIGN_TARGET = "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func"
@@ -72,6 +73,7 @@ def installed_hooks():
             *pp_hooks.installed_hooks()]
 
 
+@sglang_plugin
 def register() -> None:
     """Entry point: register K3_CSV once per process (a second call is a no-op) and, on our CPU platform (either K3
     model), the hooks of `installed_hooks`."""

@@ -151,6 +151,13 @@ def test_plugins_are_inert_where_they_must_be(monkeypatch):
 
     monkeypatch.setattr(hook_registry.HookRegistry, "register", classmethod(lambda cls, *a, **k: registered.append(a)))
     monkeypatch.setattr(backend, "register", lambda: registered.append("backend"))
+    monkeypatch.setattr("k3_sglang.sglang_guard.guard_process", lambda: None)  # no apply-time check in this process
+    monkeypatch.delenv("K3_SERVE_HOOKS", raising=False)
+    monkeypatch.setenv("SGLANG_PLATFORM", "")
+    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "")
+    plugin.register()
+    assert registered == []  # plain `sglang serve` on a GPU host: not started by `k3 serve`, untouched
+    monkeypatch.setenv("K3_SERVE_HOOKS", "1")
     for platform, package in (("k3_cpu", ""), ("k3_cpu", "k3_sglang.models"), ("", "k3_sglang.models")):
         monkeypatch.setenv("SGLANG_PLATFORM", platform)
         monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", package)

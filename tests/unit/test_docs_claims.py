@@ -17,6 +17,7 @@ from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
 from k3_sglang.spec.settings import SpecSettings
 from k3_sglang.serving.step_timing import StepTimingSettings
+from k3_sglang.sglang_guard import GuardSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -62,7 +63,7 @@ def test_architecture_md_states_the_portable_limits():
 def _settings_variables() -> set[str]:
     names = set()
     for model in (ServeSettings, WorkerSettings, SpecSettings, KvEventsSettings, RetentionSettings, HiCacheSettings,
-                  StepTimingSettings):
+                  StepTimingSettings, GuardSettings):
         names |= {model.env_name(f) for f, info in model.model_fields.items() if info.annotation is not SpecSettings}
     return names
 
