@@ -1,6 +1,8 @@
 """What `k3 serve --enable-hierarchical-cache` adds and refuses on a CPU host (either K3 model on k3_cpu).
 
 Defaults (each yields to the user's own flag or variable):
+- the host tier sized from the memory free at start (hicache/host_sizing.py: a share, capped, printed), unless
+  SGLang's `--hicache-size` or `--hicache-ratio` is given;
 - `--hicache-io-backend direct --hicache-mem-layout page_first_direct`: the copy path our plugin supplies in torch
   (hicache/hooks.py); SGLang's `kernel` backend and other layouts need CUDA ops that a CPU host cannot load.
 - Mooncake store (`--hicache-storage-backend mooncake`): TCP transport (`MOONCAKE_PROTOCOL=tcp`, no RDMA NIC),
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import socket
 
+from k3_sglang.hicache.host_sizing import HostTier, host_tier
 from k3_sglang.serving.argv import flag_value, has_flag
 
 HICACHE_FLAGS = ("--enable-hierarchical-cache", "--enable-hicache")
@@ -41,13 +44,23 @@ def hicache_requested(args: list[str]) -> bool:
     return any(has_flag(args, f) for f in HICACHE_FLAGS)
 
 
-def cpu_hicache_flags(extra: list[str]) -> list[str]:
-    """SGLang flags to append for HiCache on CPU (none when HiCache is off or the user set them)."""
+def cpu_host_tier(extra: list[str], mem_available: int | None) -> HostTier | None:
+    """The host tier `k3 serve` sizes from free memory (hicache/host_sizing.py); None when HiCache is off or the
+    user chose the size with SGLang's --hicache-size or --hicache-ratio."""
+    if not hicache_requested(extra) or has_flag(extra, "--hicache-ratio") or has_flag(extra, "--hicache-size"):
+        return None
+    ranks = int(flag_value(extra, "--tp-size", flag_value(extra, "--tp", "1"))) * int(flag_value(extra, "--pp-size", "1"))
+    return host_tier(mem_available, ranks)
+
+
+def cpu_hicache_flags(extra: list[str], tier: HostTier | None = None) -> list[str]:
+    """SGLang flags to append for HiCache on CPU (none when HiCache is off or the user set them). The host tier's
+    size comes from `tier` (cpu_host_tier); without one, SGLang's --hicache-ratio 2 unless the user chose."""
     if not hicache_requested(extra):
         return []
     flags = [w for flag, value in CPU_HICACHE_DEFAULTS.items() if not has_flag(extra, flag) for w in (flag, value)]
     if not has_flag(extra, "--hicache-ratio") and not has_flag(extra, "--hicache-size"):
-        flags += ["--hicache-ratio", CPU_HICACHE_RATIO]
+        flags += list(tier.flags) if tier is not None else ["--hicache-ratio", CPU_HICACHE_RATIO]
     return flags
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from k3_sglang.serving.argv import flag_value as _flag_value, has_flag as _has_flag
 from k3_sglang.serving.kv_events_config import KvEventsSettings, hooks_env, kv_events_flags
-from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags
+from k3_sglang.hicache.host_sizing import mem_available_bytes
+from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags, cpu_host_tier
 from k3_sglang.plan.sessions import CPU_MIN_SESSION_TOKENS, MAMBA_TRACK_INTERVAL, UNCAPPED, device_state_slots
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE, ServedModel
 from k3_sglang.serving.pd_cpu import missing_transfer_engine, pd_cpu_env, pd_cpu_flags
@@ -332,7 +333,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(missing)
     if on_cpu:
         argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
-        argv += cpu_hicache_flags(args.extra_args)  # HiCache on CPU (hicache/serve_flags.py); [] otherwise
+        tier = cpu_host_tier(args.extra_args, mem_available_bytes())  # sized from free memory; None: user's
+        if tier is not None:
+            print(f"k3 serve: {tier.message}", file=sys.stderr, flush=True)
+        argv += cpu_hicache_flags(args.extra_args, tier)  # HiCache on CPU (hicache/serve_flags.py); [] otherwise
     env = hooks_env(serving_env(args.extra_args, on_cpu, model.portable))
     if on_cpu:
         env = cpu_hicache_env(args.extra_args, args.host, pd_cpu_env(args.extra_args, args.host, env))
