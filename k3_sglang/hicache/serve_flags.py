@@ -11,7 +11,7 @@ Defaults (each yields to the user's own flag or variable):
 
 Refused before any server starts (exit 2, every reason listed), each because it is untested or cannot run here:
 other IO backends and layouts; storage backends other than `file` and `mooncake`; write policies other than
-`write_through`; `buffer_only` host mode; the radix cache off (`--disable-radix-cache`, or what `k3 serve` composes
+`write_through`; `buffer_only` host mode; a file-backend directory the user named that is missing or unwritable; the radix cache off (`--disable-radix-cache`, or what `k3 serve` composes
 for a speculative or PD server under DCP); Mooncake without a master address, or with a master that does not answer
 (a TCP connect to it, so a backend that is down at start is a clear error, not a failed scheduler).
 `cpu_hicache_refusals` reads SGLang's argument names (a parsed command line or a ServerArgs).
@@ -19,8 +19,10 @@ for a speculative or PD server under DCP); Mooncake without a master address, or
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import tempfile
 
 from k3_sglang.hicache.host_sizing import HostTier, host_tier
 from k3_sglang.serving.argv import flag_value, has_flag
@@ -90,6 +92,40 @@ def master_unreachable(address: str, timeout_s: float = MASTER_CONNECT_TIMEOUT_S
         return f"the Mooncake master at {address} does not answer ({exc.strerror or exc})"
 
 
+DEFAULT_FILE_STORAGE_DIR = "/tmp/hicache"  # SGLang's HiCacheFile default
+
+
+def file_storage_dir(args, environ) -> str:
+    """The directory SGLang's file backend will use: SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, else the extra config's
+    `file_storage_path`, else SGLang's default."""
+    extra = getattr(args, "hicache_storage_backend_extra_config", None) or {}
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except ValueError:
+            extra = {}
+    return (environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or (extra or {}).get("file_storage_path")
+            or DEFAULT_FILE_STORAGE_DIR)
+
+
+def file_storage_refusals(args, environ) -> list[str]:
+    """A storage directory the user named that does not exist or that this process cannot write (SGLang would create
+    a missing one silently, and fail on the first write to an unwritable one)."""
+    directory = file_storage_dir(args, environ)
+    if directory == DEFAULT_FILE_STORAGE_DIR:
+        return []
+    if not os.path.isdir(directory):
+        return [f"--hicache-storage-backend file: the storage directory {directory} does not exist "
+                "(SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR or file_storage_path; create it first)"]
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".k3-write-probe-"):
+            pass
+    except OSError as exc:
+        return [f"--hicache-storage-backend file: the storage directory {directory} is not writable "
+                f"({exc.strerror or exc})"]
+    return []
+
+
 def cpu_hicache_refusals(args, environ: dict[str, str] | None = None) -> list[str]:
     """Every reason SGLang's HiCache cannot run as asked on the CPU platform (empty when it can, or when off)."""
     if not getattr(args, "enable_hierarchical_cache", False):
@@ -116,6 +152,8 @@ def cpu_hicache_refusals(args, environ: dict[str, str] | None = None) -> list[st
                        f"(tested: {', '.join(CPU_STORAGE_BACKENDS)})")
     if backend == "mooncake":
         reasons += mooncake_refusals(environ)
+    if backend == "file":
+        reasons += file_storage_refusals(args, environ)
     return reasons + radix_refusals(args)
 
 
