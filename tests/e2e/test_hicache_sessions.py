@@ -106,8 +106,8 @@ def test_mooncake_store_tier_and_master_killed_mid_session(tiny_dir, tmp_path_fa
 def test_restarted_worker_resumes_from_file_storage_and_refuses_a_rewritten_checkpoint(
         tiny_dir, tmp_path_factory, reference_answers):
     """A worker with the file tier is stopped after two turns and started again (new process, same directory): every
-    session's third turn resumes its whole history from storage (nothing else survives a restart) with the answer of
-    the uninterrupted run. Between the two, a worker whose checkpoint was rewritten at the same path (same served
+    session's third turn resumes from storage (nothing else survives a restart) at least the prompt of its second
+    turn, with the answer of the uninterrupted run. Between the two, a worker whose checkpoint was rewritten at the same path (same served
     name, new weight-file mtime: another storage identity, hicache/storage_identity.py) finds nothing in storage."""
     import os
     import shutil
