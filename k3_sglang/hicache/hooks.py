@@ -4,7 +4,7 @@ no_buffer KDA states). Inert unless the k3_cpu platform is selected (a CUDA host
 
 SGLang 0.5.23 builds its hybrid host pools (MLA latent pages + KDA state slots, `hybrid_pool_assembler.
 build_hybrid_mamba_stack`), cache controller, transfer engine and storage backends on any platform; a CPU host
-lacks three things, each passed by one narrow hook:
+lacks three things, each passed by one narrow hook (and a fourth hook keys storage by what wrote it):
 
 1. Pinned host memory. `HostKVCache.__init__` (the MLA host pool) and `MambaPoolHost.__init__` (the KDA state host
    pool) default to `pin_memory=True`: cudaHostRegister of the buffers at start, and `torch.zeros(pin_memory=True)`
@@ -23,6 +23,11 @@ lacks three things, each passed by one narrow hook:
    even a 10 MB host tier ("Not enough host memory available ... -1.63 GB free"). The AROUND hook runs the check
    with CPU_HOST_RESERVE_BYTES (1 GiB) in that constant for the call.
 
+4. Storage keys that name what wrote them. SGLang keys L3 objects by the served model name and rank layout only;
+   an AROUND hook on `cache_controller.storage_model_name` appends a digest of the checkpoint, page size, parallel
+   layout, dtypes and SGLang version (hicache/storage_identity.py), so a restarted worker resumes its own objects
+   and never loads another checkpoint's, layout's or version's.
+
 With `K3_HICACHE_FAULT=corrupt-restored-kda` (tests only, hicache/settings.py) a fourth hook corrupts every KDA state
 the host tier restores, the sabotage control of the end-to-end tests. `installed_hooks()` lists what `register()`
 installs (tests/unit/test_hicache_hooks.py checks each target and the code it expects there).
@@ -30,9 +35,11 @@ installs (tests/unit/test_hicache_hooks.py checks each target and the code it ex
 from __future__ import annotations
 
 import importlib
+import os
 
 import torch
 
+from k3_sglang.hicache.serve_flags import file_storage_dir
 from k3_sglang.hicache.transfer_ops import DIRECT_OPS
 from k3_sglang.sglang_guard import sglang_plugin
 
@@ -41,6 +48,7 @@ STATE_HOST_POOL_TARGET = "sglang.srt.mem_cache.pool_host.mamba.MambaPoolHost.__i
 MAMBA_STACK_TARGET = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.build_hybrid_mamba_stack"
 HOST_BUDGET_TARGET = "sglang.srt.mem_cache.pool_host.base.host_memory_budget_bytes"
 CPU_HOST_RESERVE_BYTES = 1 << 30
+STORAGE_NAME_TARGET = "sglang.srt.managers.cache_controller.storage_model_name"
 STATE_LOAD_TARGET = "sglang.srt.mem_cache.pool_host.mamba.MambaPoolHost.load_to_device_per_layer"
 TRANSFER_MODULES = ("sglang.srt.mem_cache.pool_host.mla", "sglang.srt.mem_cache.pool_host.mamba")
 
@@ -92,6 +100,32 @@ def budget_with_cpu_reserve(original, *args, **kwargs):
         base.HICACHE_HOST_MEMORY_RESERVE_BYTES = saved
 
 
+_IDENTITY = None  # this process's StorageIdentity, computed once from its ServerArgs
+
+
+def storage_name_with_identity(original, model_name, host_pool):
+    """AROUND the model name SGLang's storage backends key L3 objects on (`cache_controller.storage_model_name`):
+    that name plus a digest of the checkpoint, page size, TP/PP/DCP sizes, dtypes and SGLang version
+    (hicache/storage_identity.py), so an object written by anything else is never looked up. Writes the file
+    backend's manifest beside its objects."""
+    global _IDENTITY
+    from sglang.srt.runtime_context import get_server_args
+
+    from k3_sglang.hicache.storage_identity import identity_from_server_args, write_manifest
+
+    args = get_server_args()
+    if _IDENTITY is None:
+        _IDENTITY = identity_from_server_args(args)
+    if getattr(args, "hicache_storage_backend", None) == "file":
+        try:
+            directory = file_storage_dir(args, os.environ)
+            os.makedirs(directory, exist_ok=True)
+            write_manifest(directory, _IDENTITY)
+        except OSError:
+            pass  # for people only; the keys carry the identity
+    return _IDENTITY.keyed_model_name(original(model_name, host_pool))
+
+
 def corrupt_restored_kda(original, self, device_pool, host_indices, device_indices, layer_id, *args, **kwargs):
     """AROUND (K3_HICACHE_FAULT=corrupt-restored-kda only): restore one layer's KDA states, then overwrite the
     restored recurrent states (temporal [layers, slots, H, K, V], the slots in device_indices) with NaN. (k3-tiny's
@@ -109,7 +143,8 @@ def installed_hooks(fault: str = "none"):
     hooks = [(KV_HOST_POOL_TARGET, pageable_host_pool, "AROUND"),
              (STATE_HOST_POOL_TARGET, pageable_host_pool, "AROUND"),
              (MAMBA_STACK_TARGET, build_stack_with_cpu_ops, "AROUND"),
-             (HOST_BUDGET_TARGET, budget_with_cpu_reserve, "AROUND")]
+             (HOST_BUDGET_TARGET, budget_with_cpu_reserve, "AROUND"),
+             (STORAGE_NAME_TARGET, storage_name_with_identity, "AROUND")]
     if fault == "corrupt-restored-kda":
         hooks.append((STATE_LOAD_TARGET, corrupt_restored_kda, "AROUND"))
     return hooks

@@ -1,6 +1,8 @@
 """What `k3 serve --enable-hierarchical-cache` adds and refuses on a CPU host (either K3 model on k3_cpu).
 
 Defaults (each yields to the user's own flag or variable):
+- the host tier sized from the memory free at start (hicache/host_sizing.py: a share, capped, printed), unless
+  SGLang's `--hicache-size` or `--hicache-ratio` is given;
 - `--hicache-io-backend direct --hicache-mem-layout page_first_direct`: the copy path our plugin supplies in torch
   (hicache/hooks.py); SGLang's `kernel` backend and other layouts need CUDA ops that a CPU host cannot load.
 - Mooncake store (`--hicache-storage-backend mooncake`): TCP transport (`MOONCAKE_PROTOCOL=tcp`, no RDMA NIC),
@@ -9,7 +11,7 @@ Defaults (each yields to the user's own flag or variable):
 
 Refused before any server starts (exit 2, every reason listed), each because it is untested or cannot run here:
 other IO backends and layouts; storage backends other than `file` and `mooncake`; write policies other than
-`write_through`; `buffer_only` host mode; the radix cache off (`--disable-radix-cache`, or what `k3 serve` composes
+`write_through`; `buffer_only` host mode; a file-backend directory the user named that is missing or unwritable; the radix cache off (`--disable-radix-cache`, or what `k3 serve` composes
 for a speculative or PD server under DCP); Mooncake without a master address, or with a master that does not answer
 (a TCP connect to it, so a backend that is down at start is a clear error, not a failed scheduler).
 `cpu_hicache_refusals` reads SGLang's argument names (a parsed command line or a ServerArgs).
@@ -17,9 +19,12 @@ for a speculative or PD server under DCP); Mooncake without a master address, or
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import tempfile
 
+from k3_sglang.hicache.host_sizing import HostTier, host_tier
 from k3_sglang.serving.argv import flag_value, has_flag
 
 HICACHE_FLAGS = ("--enable-hierarchical-cache", "--enable-hicache")
@@ -41,13 +46,23 @@ def hicache_requested(args: list[str]) -> bool:
     return any(has_flag(args, f) for f in HICACHE_FLAGS)
 
 
-def cpu_hicache_flags(extra: list[str]) -> list[str]:
-    """SGLang flags to append for HiCache on CPU (none when HiCache is off or the user set them)."""
+def cpu_host_tier(extra: list[str], mem_available: int | None) -> HostTier | None:
+    """The host tier `k3 serve` sizes from free memory (hicache/host_sizing.py); None when HiCache is off or the
+    user chose the size with SGLang's --hicache-size or --hicache-ratio."""
+    if not hicache_requested(extra) or has_flag(extra, "--hicache-ratio") or has_flag(extra, "--hicache-size"):
+        return None
+    ranks = int(flag_value(extra, "--tp-size", flag_value(extra, "--tp", "1"))) * int(flag_value(extra, "--pp-size", "1"))
+    return host_tier(mem_available, ranks)
+
+
+def cpu_hicache_flags(extra: list[str], tier: HostTier | None = None) -> list[str]:
+    """SGLang flags to append for HiCache on CPU (none when HiCache is off or the user set them). The host tier's
+    size comes from `tier` (cpu_host_tier); without one, SGLang's --hicache-ratio 2 unless the user chose."""
     if not hicache_requested(extra):
         return []
     flags = [w for flag, value in CPU_HICACHE_DEFAULTS.items() if not has_flag(extra, flag) for w in (flag, value)]
     if not has_flag(extra, "--hicache-ratio") and not has_flag(extra, "--hicache-size"):
-        flags += ["--hicache-ratio", CPU_HICACHE_RATIO]
+        flags += list(tier.flags) if tier is not None else ["--hicache-ratio", CPU_HICACHE_RATIO]
     return flags
 
 
@@ -77,6 +92,40 @@ def master_unreachable(address: str, timeout_s: float = MASTER_CONNECT_TIMEOUT_S
         return f"the Mooncake master at {address} does not answer ({exc.strerror or exc})"
 
 
+DEFAULT_FILE_STORAGE_DIR = "/tmp/hicache"  # SGLang's HiCacheFile default
+
+
+def file_storage_dir(args, environ) -> str:
+    """The directory SGLang's file backend will use: SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, else the extra config's
+    `file_storage_path`, else SGLang's default."""
+    extra = getattr(args, "hicache_storage_backend_extra_config", None) or {}
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra)
+        except ValueError:
+            extra = {}
+    return (environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or (extra or {}).get("file_storage_path")
+            or DEFAULT_FILE_STORAGE_DIR)
+
+
+def file_storage_refusals(args, environ) -> list[str]:
+    """A storage directory the user named that does not exist or that this process cannot write (SGLang would create
+    a missing one silently, and fail on the first write to an unwritable one)."""
+    directory = file_storage_dir(args, environ)
+    if directory == DEFAULT_FILE_STORAGE_DIR:
+        return []
+    if not os.path.isdir(directory):
+        return [f"--hicache-storage-backend file: the storage directory {directory} does not exist "
+                "(SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR or file_storage_path; create it first)"]
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".k3-write-probe-"):
+            pass
+    except OSError as exc:
+        return [f"--hicache-storage-backend file: the storage directory {directory} is not writable "
+                f"({exc.strerror or exc})"]
+    return []
+
+
 def cpu_hicache_refusals(args, environ: dict[str, str] | None = None) -> list[str]:
     """Every reason SGLang's HiCache cannot run as asked on the CPU platform (empty when it can, or when off)."""
     if not getattr(args, "enable_hierarchical_cache", False):
@@ -103,6 +152,8 @@ def cpu_hicache_refusals(args, environ: dict[str, str] | None = None) -> list[st
                        f"(tested: {', '.join(CPU_STORAGE_BACKENDS)})")
     if backend == "mooncake":
         reasons += mooncake_refusals(environ)
+    if backend == "file":
+        reasons += file_storage_refusals(args, environ)
     return reasons + radix_refusals(args)
 
 

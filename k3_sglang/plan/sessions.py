@@ -29,6 +29,7 @@ DEFAULT_STATES_PER_PATH = 2     # tail + the previous turn's end: a resumed or r
 UNCAPPED = -1                   # SGLang's --mamba-max-states-per-path default (no cap)
 DEFAULT_PREFILL_CHUNK = 8192    # SGLang's chunked-prefill default on large GPUs (used only when uncapped)
 CPU_MIN_SESSION_TOKENS = 1024   # `k3 serve` on CPU: sessions of >= 1K tokens are bounded by the KV pool
+MAMBA_TRACK_INTERVAL = 256      # SGLang's --mamba-track-interval default (extra_buffer: one tracked state per interval)
 
 
 def states_per_cached_session(session_tokens: int, chunk_tokens: int, cap: int) -> int:

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from k3_sglang.serving.argv import flag_value as _flag_value, has_flag as _has_flag
 from k3_sglang.serving.kv_events_config import KvEventsSettings, hooks_env, kv_events_flags
-from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags
-from k3_sglang.plan.sessions import CPU_MIN_SESSION_TOKENS, DEFAULT_STATES_PER_PATH, UNCAPPED, device_state_slots
+from k3_sglang.hicache.host_sizing import mem_available_bytes
+from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags, cpu_host_tier
+from k3_sglang.plan.sessions import CPU_MIN_SESSION_TOKENS, MAMBA_TRACK_INTERVAL, UNCAPPED, device_state_slots
 from k3_sglang.serving.model_choice import PORTABLE_PACKAGE, ServedModel
 from k3_sglang.serving.pd_cpu import missing_transfer_engine, pd_cpu_env, pd_cpu_flags
 from k3_sglang.serving.retention import RetentionSettings
@@ -50,8 +51,9 @@ TEXT_ONLY_OVERRIDE = '{"language_model_only": true, "quantization_config": null}
 PORTABLE_DEFAULTS = {
     "--json-model-override-args": TEXT_ONLY_OVERRIDE,
     "--mamba-radix-cache-strategy": "no_buffer",
-    # A paused session keeps its tail state and the previous turn's, not one state per prefill chunk.
-    "--mamba-max-states-per-path": str(DEFAULT_STATES_PER_PATH),
+    # No --mamba-max-states-per-path cap (issue 42): SGLang's cap drops the *shallowest* states of a path, exactly
+    # the chunk-boundary states a shared system prompt resumes from (three requests sharing 1,500 tokens got 0
+    # cached). Every chunk's state is kept and the state pool is sized for it from the KV pool (cpu_state_slots).
     "--cuda-graph-backend-decode": "disabled",
     "--cuda-graph-backend-prefill": "disabled",
 }
@@ -182,7 +184,8 @@ def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu
 def cpu_state_slots(argv: list[str]) -> int | None:
     """`--max-mamba-cache-size` for a CPU server with this command line: S slots per running request (SGLang's
     ratio for the strategy, overlap off) plus P states for every cached session of CPU_MIN_SESSION_TOKENS in the KV
-    pool (P = --mamba-max-states-per-path; uncapped: one state per prefill chunk + 1). None for a command line
+    pool (P = --mamba-max-states-per-path; uncapped, the default: one state per prefill chunk, or per
+    --mamba-track-interval under extra_buffer, + 1). None for a command line
     SGLang or the portable limits will refuse anyway (they name the bad value)."""
     from k3_sglang.plan.sessions import states_per_cached_session
     from k3_sglang.plan.workload import Serving
@@ -196,6 +199,9 @@ def cpu_state_slots(argv: list[str]) -> int | None:
         per_request = Serving(mamba_radix_cache_strategy=strategy).state_slots_per_request(overlap)
         cap = int(_flag_value(argv, "--mamba-max-states-per-path", str(UNCAPPED)))
         chunk = int(_flag_value(argv, "--chunked-prefill-size", "512"))
+        if strategy.startswith("extra_buffer"):  # one tracked state per interval, not per chunk
+            interval = int(_flag_value(argv, "--mamba-track-interval", str(MAMBA_TRACK_INTERVAL)))
+            chunk = min(chunk, interval) if chunk > 0 and interval > 0 else max(chunk, interval)
         kv_tokens = int(_flag_value(argv, "--max-total-tokens", "131072"))
     except ValueError:
         return None
@@ -332,7 +338,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(missing)
     if on_cpu:
         argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
-        argv += cpu_hicache_flags(args.extra_args)  # HiCache on CPU (hicache/serve_flags.py); [] otherwise
+        tier = cpu_host_tier(args.extra_args, mem_available_bytes())  # sized from free memory; None: user's
+        if tier is not None:
+            print(f"k3 serve: {tier.message}", file=sys.stderr, flush=True)
+        argv += cpu_hicache_flags(args.extra_args, tier)  # HiCache on CPU (hicache/serve_flags.py); [] otherwise
     env = hooks_env(serving_env(args.extra_args, on_cpu, model.portable))
     if on_cpu:
         env = cpu_hicache_env(args.extra_args, args.host, pd_cpu_env(args.extra_args, args.host, env))

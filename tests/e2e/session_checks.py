@@ -12,7 +12,9 @@ DEVICE_POOL = 2048  # tokens: holds one ~1.4K-token session, so the next round-r
 # servers one step has taken longer, so the tests give it 20 minutes.
 BASE_ARGS = ["--dtype", "float32", "--max-total-tokens", str(DEVICE_POOL), "--chunked-prefill-size", "256",
              "--watchdog-timeout", "1200"]
-HICACHE = ["--enable-hierarchical-cache"]
+# SGLang's 2 x the device pool, given explicitly: these tests need a host tier that the sessions overflow (so that
+# storage serves them); `k3 serve` alone sizes the tier from free memory (hicache/host_sizing.py).
+HICACHE = ["--enable-hierarchical-cache", "--hicache-ratio", "2"]
 
 
 def traffic(sessions: int, turns: int) -> SessionTraffic:

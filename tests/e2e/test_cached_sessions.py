@@ -3,8 +3,8 @@ KDA state slots (issue 31).
 
 With SGLang's per-chunk KDA states and the old fixed 64-slot pool, ten 1,200-token sessions prefilled in
 128-token chunks hold ~11 states each, so the pool cached about five of them and round-robin traffic under LRU
-evicted exactly the session that came next (0% hits; the control below shows it). `k3 serve` now caps the
-states per path (`--mamba-max-states-per-path 2`) and sizes `--max-mamba-cache-size` from the KV pool
+evicted exactly the session that came next (0% hits; the control below shows it). `k3 serve` now sizes
+`--max-mamba-cache-size` from the KV pool for every chunk's state (issue 42 dropped the per-path cap)
 (k3_sglang/plan/sessions.py): every session's next turn must hit its whole history.
 Slow tier (about 2 minutes on 2 quiet cores: one server start, 20 requests; the control another); the default tier
 checks the sizing without a server (tests/plan/test_plan_sessions.py).
@@ -50,9 +50,10 @@ def test_round_robin_sessions_all_hit_on_the_default_sizing(tiny_dir, tmp_path_f
     try:
         info = httpx.get(server.url + "/get_server_info", timeout=30).json()
         expected = cpu_state_slots(["--chunked-prefill-size", str(CHUNK), "--max-total-tokens", str(POOL),
-                                    "--mamba-max-states-per-path", "2", "--disable-overlap-schedule"])
-        assert info["max_mamba_cache_size"] == expected == 3 * 48 + 2 * POOL // 1024
-        assert info["mamba_max_states_per_path"] == 2
+                                    "--disable-overlap-schedule"])
+        # every chunk's state kept (issue 42): 1,024 tokens in 128-token chunks + the turn's per 1,024 KV tokens
+        assert info["max_mamba_cache_size"] == expected == 3 * 48 + 9 * POOL // 1024
+        assert info["mamba_max_states_per_path"] == -1
         records = run_sessions(server.url, TRAFFIC)
     finally:
         server.stop()

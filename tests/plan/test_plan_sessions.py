@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from k3_sglang.cli import main
@@ -25,16 +27,31 @@ def test_the_old_cpu_pool_cached_about_five_6k_sessions_and_the_new_one_is_kv_bo
     old = device_cached_sessions(131072, 64, SESSION_6K, states_per_cached_session(SESSION_6K, 512, UNCAPPED))
     assert old.binding == "state" and old.sessions == 4 and old.by_kv == 20
     slots = cpu_state_slots(sglang_argv(__import__("pathlib").Path("m"), "127.0.0.1", 1, [], on_cpu=True))
-    assert slots == device_state_slots(131072, 48, 3, 2, 1024) == 3 * 48 + 2 * 128
-    new = device_cached_sessions(131072, slots - 3 * 48, SESSION_6K, 2)  # even with every running slot taken
+    # Uncapped (issue 42: the cap dropped shared-prefix states): 3 states per 1,024 tokens in 512-token chunks.
+    assert slots == device_state_slots(131072, 48, 3, 3, 1024) == 3 * 48 + 3 * 128
+    per_session = states_per_cached_session(SESSION_6K, 512, UNCAPPED)  # every chunk's state + the turn's
+    new = device_cached_sessions(131072, slots - 3 * 48, SESSION_6K, per_session)  # every running slot taken
     assert new.binding == "kv" and new.sessions == 131072 // SESSION_6K == 20
 
 
+def test_default_state_pool_keeps_every_chunk_state_of_eight_paused_6k_sessions():
+    """The issue-42 case: 8 sessions of ~6K tokens, 3 turns (+8 answer, +256 tool tokens), with no cap on states
+    per path: every chunk boundary (shared prefixes resume there) and every turn's tail fit beside 48 running
+    requests' slots."""
+    slots = cpu_state_slots(sglang_argv(__import__("pathlib").Path("m"), "127.0.0.1", 1, [], on_cpu=True))
+    turns = [math.ceil(6000 / 512) + 1] + [math.ceil(264 / 512) + 1] * 2  # chunk states + tail, per turn
+    assert 8 * sum(turns) + 3 * 48 <= slots
+
+
 @pytest.mark.parametrize("extra, expected", [
-    (["--max-total-tokens", "16384", "--chunked-prefill-size", "128"], 3 * 48 + 2 * 16),
-    (["--max-running-requests", "4"], 3 * 4 + 2 * 128),
+    (["--max-total-tokens", "16384", "--chunked-prefill-size", "128"], 3 * 48 + 9 * 16),  # 8 chunks + the turn
+    (["--max-running-requests", "4"], 3 * 4 + 3 * 128),
+    (["--mamba-max-states-per-path", "2"], 3 * 48 + 2 * 128),  # a cap you pass sizes the pool with it
     (["--mamba-max-states-per-path", "-1"], 3 * 48 + 3 * 128),  # 1,024 tokens in 512-token chunks + the turn
     (["--disable-radix-cache"], 48),
+    # extra_buffer keeps one tracked state per --mamba-track-interval (256), not per 512-token chunk
+    (["--tp-size", "2", "--dcp-size", "2"], 4 * 48 + 5 * 128),
+    (["--tp-size", "2", "--dcp-size", "2", "--mamba-track-interval", "1024"], 4 * 48 + 3 * 128),
     (["--mamba-radix-cache-strategy", "auto"], None),  # refused later by the portable limits, with the reason
     (["--max-running-requests", "many"], None),
     (["--mamba-max-states-per-path", "0"], None),

@@ -30,7 +30,7 @@ POOL_TOKENS = 700
 CHUNK = 64
 WORKER_ARGS = ["--dtype", "float32", "--max-total-tokens", str(POOL_TOKENS), "--max-mamba-cache-size", "24",
                "--max-running-requests", "2", "--chunked-prefill-size", str(CHUNK),
-               "--mamba-max-states-per-path", "-1"]  # every chunk's KDA state kept (k3 serve caps it at 2 by default)
+               "--mamba-max-states-per-path", "-1"]  # every chunk's KDA state kept (also k3 serve's default since issue 42)
 RELIABILITY = ReliabilityConfig(health_interval_s=0.5, capacity_refresh_s=1.0, health_fail_threshold=3)
 
 

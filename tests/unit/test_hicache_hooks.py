@@ -21,7 +21,7 @@ def test_every_hook_target_exists_in_the_installed_sglang():
         owner, attr = target.rsplit(".", 1)
         assert callable(getattr(pkgutil.resolve_name(owner), attr)), target
         assert kind == "AROUND" and callable(hook)
-    assert len(hooks.installed_hooks()) == 4
+    assert len(hooks.installed_hooks()) == 5
 
 
 def test_host_pools_still_take_pin_memory_as_a_keyword_and_default_to_pinned():
@@ -174,3 +174,15 @@ def test_k3_serve_composes_dcp2_hicache_with_extra_buffer_or_exits_2(capsys):
     assert "--speculative-algorithm K3_CSV under --dcp-size 2" in capsys.readouterr().err
     assert main(dcp2 + ["--mamba-radix-cache-strategy", "no_buffer"]) == 2
     assert "--mamba-radix-cache-strategy no_buffer" in capsys.readouterr().err
+
+
+def test_storage_name_target_still_takes_the_name_and_pool_and_keys_every_backend():
+    """The storage-identity hook wraps `storage_model_name(model_name, host_pool)`, which the controller calls once
+    to build the one storage config every backend keys on (file: config_suffix; Mooncake: its key prefix)."""
+    import inspect
+
+    from sglang.srt.managers import cache_controller
+
+    assert list(inspect.signature(cache_controller.storage_model_name).parameters) == ["model_name", "host_pool"]
+    source = inspect.getsource(cache_controller.HiCacheController._generate_storage_config)
+    assert "storage_model_name(model_name, self.storage_host_pool)" in source and "model_name=model_name" in source
