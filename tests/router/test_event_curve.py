@@ -20,6 +20,7 @@ from k3_sglang.router.event_feed import SYNCED
 from k3_sglang.serving.kv_events_config import KvEventsSettings, kv_events_flags
 from tests.router.kv_event_model import SimRadixWorker, random_operation
 from tests.router.test_event_index import SESSIONS, _assert_same, _queries
+from tests.router.test_event_subscriber import _publish, _wait
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -53,22 +54,6 @@ def curve_publisher(keys):
                  "topic": "kv", "block_size": 2, "dp_size": 1, "replay_endpoint_port_base": base + 1}
     yield pub
     pub.shutdown()
-
-
-def _publish(pub, worker, rng, paths, n):
-    from sglang.srt.disaggregation.kv_events import EventBatch
-
-    for _ in range(n):
-        pub.publish(EventBatch(ts=time.time(), events=random_operation(worker, rng, paths, SESSIONS)))
-
-
-def _wait(predicate, timeout_s=20.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _eavesdroppers(ctx, block, keys):

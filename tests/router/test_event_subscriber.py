@@ -39,7 +39,7 @@ def _publish(pub, worker, rng, paths, n):
         pub.publish(EventBatch(ts=time.time(), events=random_operation(worker, rng, paths, SESSIONS)))
 
 
-def _wait(predicate, timeout_s=15.0):
+def _wait(predicate, timeout_s=20.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
