@@ -36,3 +36,14 @@ def test_attn_res_mix_matches_the_eager_formula(T, nvb, dtype):
 def test_attn_res_mix_with_no_live_block_is_the_prefix():
     prefix = torch.randn(5, 32)
     assert fast_ops.attn_res_mix(prefix, torch.full((5, 2, 32), float("nan")), 0, torch.randn(32), 1e-5) is prefix
+
+
+def test_flush_denormals_zeroes_denormal_results_in_this_thread():
+    tiny = torch.tensor([1e-30], dtype=torch.float32)
+    try:
+        assert fast_ops.flush_denormals()
+        assert float(tiny * 1e-10) == 0.0  # 1e-40 is a float32 denormal: flushed
+        assert float(tiny * 1e-5) == pytest.approx(1e-35, rel=1e-5)  # normal results are untouched
+    finally:
+        torch.set_flush_denormal(False)
+    assert float(tiny * 1e-10) > 0.0
