@@ -10,7 +10,8 @@ K3_MODEL_IMPL=sglang on a host without CUDA); inert everywhere else. It plugs ou
 - MoE: a runner core for SGLang's "triton" runner name (moe_runner.py) through `register_moe_runner_core`;
 - KDA: our torch kernel in SGLang's KDA kernel dispatcher, and the backend's short-conv functions (kda_kernel.py,
   kda_ops.py); the extra_buffer prefix cache's decode-time state tracking in torch (dcp_mla/cpu_kernels.py);
-- and, where SGLang has no seam, the narrow hooks below (shims.py), each registered with SGLang's HookRegistry.
+- and, where SGLang has no seam, the narrow hooks below (shims.py), each registered with SGLang's HookRegistry;
+- float denormals flushed to zero in the worker (fast_ops.flush_denormals: KDA's chunked prefill runs ~3x faster).
 No Triton kernel runs: nothing here needs the Triton interpreter.
 """
 from __future__ import annotations
@@ -66,7 +67,9 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from k3_sglang.dcp_mla import backend as dcp_mla_backend
-    from k3_sglang.sglang_cpu import mla_backend, moe_runner
+    from k3_sglang.sglang_cpu import fast_ops, mla_backend, moe_runner
+
+    fast_ops.flush_denormals()  # before SGLang's worker starts torch's thread pool (fast_ops.flush_denormals)
 
     for target, hook, kind in installed_hooks():
         HookRegistry.register(target, hook, HookType[kind])

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from k3_sglang.kernels.kda.decode_common import chain_layout
-from k3_sglang.kernels.kda.naive import chunk_kda, delta_rule_step, kda_gate, l2_normalize
+from k3_sglang.kernels.kda.naive import _chunk_group_size, _intra_chunk, delta_rule_step, kda_gate, l2_normalize
 
 PAD_SLOT_ID = -1
 CHUNK = 64  # SGLang's KDA chunk: its per-chunk states (h) and track snapshots sit on 64-token boundaries
@@ -110,6 +110,20 @@ def gate_and_beta(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias
     return g, torch.sigmoid(b.float().reshape(-1, H))
 
 
+def _chunk_rows(starts: list[int], live: list[int], T: int) -> tuple[torch.Tensor, list[int]]:
+    """Packed row of every token of every live sequence's CHUNK-token chunks, sequence after sequence ([N_c * CHUNK]
+    int64; T marks a tail padding position), and each live sequence's chunk count."""
+    rows, counts = [], []
+    for i in live:
+        lo, hi = starts[i], starts[i + 1]
+        n = -(-(hi - lo) // CHUNK)
+        rows.append(torch.arange(lo, hi))
+        if n * CHUNK > hi - lo:
+            rows.append(torch.full((n * CHUNK - (hi - lo),), T))
+        counts.append(n)
+    return (torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)), counts
+
+
 def kda_extend(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cache_indices, query_start_loc,
                return_chunk_states: bool = False, track_state=None, track_chunk_idx=None):
     """Chunked KDA prefill of packed sequences from and into the state pool.
@@ -120,32 +134,59 @@ def kda_extend(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cache_
     track_chunk_idx[i] of sequence i (64-token chunks; -1: none).
     Returns o [1, T, H, V] in v.dtype, and with return_chunk_states also h [1, NT, H, V, K] float32: the state
     entering every 64-token chunk of every sequence, sequence after sequence.
+
+    The chunk math is chunk_kda's (kernels/kda/naive.py, WY form, tails padded with no-op tokens), with the work that
+    does not depend on the entering state (normalisation, gates, every chunk's intra-chunk matrices) done once for
+    all chunks of all sequences, so a batch of many short prompts costs a few large ops instead of a pass per prompt;
+    only the chunk-to-chunk state recurrence runs per chunk.
     """
     _, T, H, K = k.shape
     V = v.shape[-1]
-    scale = K ** -0.5
     o = torch.zeros_like(v)
-    states: list[torch.Tensor] = []
-    starts = query_start_loc.tolist()
+    starts, slots = query_start_loc.tolist(), cache_indices.tolist()
     tracks = track_chunk_idx.tolist() if track_chunk_idx is not None else None
-    for i, slot in enumerate(cache_indices.tolist()):
-        lo, hi = starts[i], starts[i + 1]
-        n_chunks = -(-(hi - lo) // CHUNK)
-        if slot == PAD_SLOT_ID or hi <= lo:
+    live = [i for i, slot in enumerate(slots) if slot != PAD_SLOT_ID and starts[i + 1] > starts[i]]
+    rows, counts = _chunk_rows(starts, live, T)
+    entering: dict[int, torch.Tensor] = {}
+    if live:
+        g, beta = gate_and_beta(a[0], b[0], A_log, dt_bias, lower_bound, H, K)  # [T, H, K], [T, H]
+
+        def chunks(x: torch.Tensor) -> torch.Tensor:  # packed [T, H, *] -> [H, N_c, CHUNK, *], padding rows 0
+            x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[rows]
+            return x.view(-1, CHUNK, *x.shape[1:]).movedim(2, 0).contiguous()
+
+        qc = chunks(l2_normalize(q[0].float(), L2_EPS) * K ** -0.5)
+        kc, vc, gc = chunks(l2_normalize(k[0].float(), L2_EPS)), chunks(v[0].float()), chunks(g)
+        bc = chunks(beta[..., None])[..., 0]
+        oc = torch.empty(H, rows.shape[0] // CHUNK, CHUNK, V)
+        owner = [(i, c) for i, n in zip(live, counts) for c in range(n)]  # (sequence, its chunk) per global chunk
+        step = _chunk_group_size(H, CHUNK, K)
+        S = None
+        for n0 in range(0, len(owner), step):
+            grp = slice(n0, min(len(owner), n0 + step))
+            W_, U, A_qk, Q_g, K_d, decay = _intra_chunk(qc[:, grp], kc[:, grp], vc[:, grp], gc[:, grp], bc[:, grp])
+            for j in range(W_.shape[1]):
+                i, c = owner[n0 + j]
+                if c == 0:
+                    S = ssm_states[slots[i]].float().transpose(-1, -2).clone()  # [H, K, V], not a view of the pool
+                entering[i] = torch.cat([entering[i], S[None]]) if c else S[None]
+                v_new = U[:, j] - W_[:, j] @ S
+                oc[:, n0 + j] = Q_g[:, j] @ S + A_qk[:, j] @ v_new
+                S = decay[:, j, :, None] * S + K_d[:, j].transpose(-1, -2) @ v_new
+                if c == counts[live.index(i)] - 1:
+                    ssm_states[slots[i]] = S.transpose(-1, -2).to(ssm_states.dtype)
+        keep = rows < T
+        o[0, rows[keep]] = oc.movedim(0, 2).reshape(-1, H, V)[keep].to(o.dtype)
+    states: list[torch.Tensor] = []
+    for i, slot in enumerate(slots):
+        n_chunks = -(-(starts[i + 1] - starts[i]) // CHUNK)
+        if i not in entering:
             states += [ssm_states.new_zeros(n_chunks, H, V, K, dtype=torch.float32)] if return_chunk_states else []
             continue
-        qi = l2_normalize(q[0, lo:hi].float(), L2_EPS)
-        ki = l2_normalize(k[0, lo:hi].float(), L2_EPS)
-        g, beta = gate_and_beta(a[0, lo:hi], b[0, lo:hi], A_log, dt_bias, lower_bound, H, K)
-        S = ssm_states[slot].float().transpose(-1, -2)  # [H, K, V]
-        out, S, entering = chunk_kda(qi, ki, v[0, lo:hi].float(), g, beta, scale, S, CHUNK, chunk_states=True)
-        o[0, lo:hi] = out.to(o.dtype)
-        ssm_states[slot] = S.transpose(-1, -2).to(ssm_states.dtype)
-        entering = entering.transpose(-1, -2)  # [n_chunks, H, V, K]
-        if return_chunk_states:
-            states.append(entering)
+        h_i = entering[i].transpose(-1, -2)  # [n_chunks, H, V, K]
+        states.append(h_i)
         if track_state is not None and tracks is not None and 0 <= tracks[i] < n_chunks:
-            track_state[i] = entering[tracks[i]]
+            track_state[i] = h_i[tracks[i]]
     if return_chunk_states:
         h = torch.cat(states, 0) if states else ssm_states.new_zeros(0, H, V, K, dtype=torch.float32)
         return o, h[None]

@@ -86,20 +86,23 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
 
 
 def _dense_experts(x, w13, w2, topk_weights, topk_ids, config, b13, b2) -> torch.Tensor:
-    """grouped_experts for a small batch: every expert on every token (batched GEMMs), combined with a [T, E] weight
-    matrix that is zero off-route (the same per-(token, expert) results; ids outside [0, E) get weight 0)."""
+    """grouped_experts for a small batch: every expert on every token (one GEMM against all experts' [gate; up] rows,
+    one batched down GEMM), combined with a [T, E] weight matrix that is zero off-route (the same per-(token, expert)
+    results; ids outside [0, E) get weight 0)."""
     T, E = x.shape[0], w13.shape[0]
     ids = topk_ids.long()
     routed = (ids >= 0) & (ids < E)
     weight = torch.zeros(T, E, dtype=torch.float32, device=x.device)
     weight.scatter_add_(1, ids.clamp(0, E - 1), torch.where(routed, topk_weights.float(), 0.0))
-    xs = x.unsqueeze(0).expand(E, -1, -1)
     if config.apply_router_weight_on_input:
-        xs = (xs.float() * weight.t()[:, :, None]).to(x.dtype)
-    h = torch.bmm(xs, w13.to(x.dtype).transpose(1, 2))  # [E, T, 2I]
+        xs = (x.unsqueeze(0).float() * weight.t()[:, :, None]).to(x.dtype)  # [E, T, D]
+        h = torch.bmm(xs, w13.to(x.dtype).transpose(1, 2)).transpose(0, 1)  # [T, E, 2I]
+    else:  # x [T, D] @ [E * 2I, D]^T
+        h = (x @ w13.to(x.dtype).reshape(E * w13.shape[1], -1).t()).view(T, E, -1)  # [T, E, 2I]
     if b13 is not None:
-        h = (h.float() + b13.float()[:, None]).to(x.dtype)
-    y = torch.bmm(gated_activation(h.reshape(E * T, -1), config).view(E, T, -1), w2.to(x.dtype).transpose(1, 2))
+        h = (h.float() + b13.float()).to(x.dtype)
+    act = gated_activation(h.reshape(T * E, -1), config).view(T, E, -1).transpose(0, 1)  # [E, T, I]
+    y = torch.bmm(act, w2.to(x.dtype).transpose(1, 2))  # [E, T, D]
     if b2 is not None:
         y = (y.float() + b2.float()[:, None]).to(x.dtype)
     scale = torch.ones_like(weight) * (weight != 0) if config.apply_router_weight_on_input else weight

@@ -64,12 +64,21 @@ def rms_norm_gated(original, self, x, g, residual=None, prenorm=False, residual_
 
 
 def attn_res_mix(original, prefix_sum, bank, nvb, score_proj, score_norm):
-    """AROUND `attn_residual._mix_fused` (the AttnRes score + combine kernels): SGLang's own eager
-    `aggregate_stream_torch` for CPU tensors, and for a hidden size that is not a multiple of the combine kernel's
-    1024-wide block (its grid would have zero blocks and leave the output unwritten: docs/sglang-bugs.md)."""
+    """AROUND `attn_residual._mix_fused` (the AttnRes score + combine kernels). For CPU tensors the same math in
+    torch (fast_ops.attn_res_mix: scores from SGLang's fused weight `get_cw`, float32 like the kernels), falling back
+    to SGLang's eager `aggregate_stream_torch` where the score projection has a bias or the norm a variance override;
+    off CPU, the eager path for a hidden size that is not a multiple of the combine kernel's 1024-wide block (its grid
+    would have zero blocks and leave the output unwritten: docs/sglang-bugs.md)."""
     from sglang.srt.layers import attn_residual
 
-    if prefix_sum.device.type == "cpu" or prefix_sum.shape[1] % attn_residual._BLOCK_H:
+    if prefix_sum.device.type == "cpu":
+        if getattr(score_proj, "bias", None) is None and getattr(score_norm, "variance_size_override", None) is None:
+            from k3_sglang.sglang_cpu.fast_ops import attn_res_mix as mix
+
+            cw = attn_residual.get_cw(score_proj, score_norm)
+            return mix(prefix_sum, bank, nvb, cw, score_norm.variance_epsilon)
+        return attn_residual.aggregate_stream_torch(prefix_sum, bank, nvb, score_proj, score_norm)
+    if prefix_sum.shape[1] % attn_residual._BLOCK_H:
         return attn_residual.aggregate_stream_torch(prefix_sum, bank, nvb, score_proj, score_norm)
     return original(prefix_sum, bank, nvb, score_proj, score_norm)
 

@@ -83,10 +83,11 @@ def test_active_only_for_sglangs_k3_on_k3_cpu(monkeypatch, platform, package, ac
 def test_register_installs_exactly_the_inventory(monkeypatch):
     from sglang.srt.plugins import hook_registry
 
-    from k3_sglang.sglang_cpu import mla_backend, moe_runner
+    from k3_sglang.sglang_cpu import fast_ops, mla_backend, moe_runner
 
     registered, others = [], []
     monkeypatch.setattr(hook_registry.HookRegistry, "register", classmethod(lambda cls, *a, **k: registered.append(a)))
+    monkeypatch.setattr(fast_ops, "flush_denormals", lambda: others.append("ftz"))  # not in the test process
     monkeypatch.setattr(mla_backend, "register", lambda: others.append("mla"))
     monkeypatch.setattr(moe_runner, "register", lambda: others.append("moe"))
     monkeypatch.setenv("SGLANG_PLATFORM", "k3_cpu")
@@ -96,7 +97,7 @@ def test_register_installs_exactly_the_inventory(monkeypatch):
     monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "")
     hooks.register()
     assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
-    assert others == ["mla", "moe"]
+    assert others == ["ftz", "mla", "moe"]
 
 
 def test_the_backend_and_runner_core_register_with_sglang():

@@ -101,18 +101,26 @@ def test_gated_rms_norm_shim_matches_the_formula():
                  got, FP32_VS_FP64)
 
 
-def test_attn_res_mix_takes_sglangs_eager_path_on_cpu_and_for_small_hidden(monkeypatch):
+def test_attn_res_mix_routes_cpu_to_the_fast_path_and_small_hidden_to_eager(monkeypatch):
     from sglang.srt.layers import attn_residual
+
+    from k3_sglang.sglang_cpu import fast_ops
 
     seen = []
     monkeypatch.setattr(attn_residual, "aggregate_stream_torch", lambda *a: seen.append("torch") or "eager")
+    monkeypatch.setattr(attn_residual, "get_cw", lambda proj, norm: "cw")
+    monkeypatch.setattr(fast_ops, "attn_res_mix", lambda *a: seen.append(("fast", a[3], a[4])) or "fast")
     original = lambda *a: seen.append("triton") or "fused"  # noqa: E731
-    assert shims.attn_res_mix(original, torch.zeros(2, 128), None, 1, None, None) == "eager"
+    proj = types.SimpleNamespace(bias=None)
+    norm = types.SimpleNamespace(variance_size_override=None, variance_epsilon=1e-5)
+    assert shims.attn_res_mix(original, torch.zeros(2, 128), None, 1, proj, norm) == "fast"
+    with_bias = types.SimpleNamespace(bias=torch.zeros(1))
+    assert shims.attn_res_mix(original, torch.zeros(2, 128), None, 1, with_bias, norm) == "eager"
     meta = torch.zeros(2, 1024, device="meta")  # a non-CPU tensor of a 1024-multiple width keeps the kernel
-    assert shims.attn_res_mix(original, meta, None, 1, None, None) == "fused"
+    assert shims.attn_res_mix(original, meta, None, 1, proj, norm) == "fused"
     meta_small = torch.zeros(2, 128, device="meta")
-    assert shims.attn_res_mix(original, meta_small, None, 1, None, None) == "eager"
-    assert seen == ["torch", "triton", "torch"]
+    assert shims.attn_res_mix(original, meta_small, None, 1, proj, norm) == "eager"
+    assert seen == [("fast", "cw", 1e-5), "torch", "triton", "torch"]
 
 
 def test_only_the_triton_runner_loses_its_fused_function():

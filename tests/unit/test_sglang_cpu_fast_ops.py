@@ -1,0 +1,49 @@
+"""CPU fast paths of SGLang's own K3 (k3_sglang/sglang_cpu/fast_ops.py), against plain float64 formulas on fresh
+random inputs (relative error by norm; NaN never passes)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from k3_sglang.sglang_cpu import fast_ops
+from tests.utils.numerics import FP32_VS_FP64, assert_close
+
+BF16_VS_FP64 = 1e-2  # one bf16 rounding of the output (8 mantissa bits)
+
+
+def _attn_res_reference(prefix, bank, nvb, norm_w, proj_w, eps):
+    """SGLang's eager AttnRes mixture (attn_residual.aggregate_stream_torch) in float64: rows = [bank[:, :nvb],
+    prefix]; scores = proj(RMSNorm(rows)); softmax over rows; weighted sum of the rows."""
+    rows = torch.cat([bank[:, :nvb], prefix[:, None]], 1).double()
+    normed = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + eps) * norm_w.double()
+    probs = torch.softmax(normed @ proj_w.double(), -1)  # [T, R]
+    return (probs[..., None] * rows).sum(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,nvb", [(1, 1), (7, 2), (33, 3)])
+def test_attn_res_mix_matches_the_eager_formula(T, nvb, dtype):
+    H, eps = 96, 1e-5
+    prefix, bank = torch.randn(T, H).to(dtype), (3 * torch.randn(T, 4, H)).to(dtype)
+    bank[:, nvb:] = float("nan")  # entries past nvb are not live: reading them would poison the result
+    norm_w, proj_w = 1 + 0.1 * torch.randn(H), torch.randn(H) / H ** 0.5
+    got = fast_ops.attn_res_mix(prefix, bank, nvb, (norm_w * proj_w).float(), eps)
+    assert got.dtype == dtype
+    want = _attn_res_reference(prefix, bank, nvb, norm_w, proj_w, eps)
+    assert_close("attn-res mix", want, got, FP32_VS_FP64 if dtype == torch.float32 else BF16_VS_FP64)
+
+
+def test_attn_res_mix_with_no_live_block_is_the_prefix():
+    prefix = torch.randn(5, 32)
+    assert fast_ops.attn_res_mix(prefix, torch.full((5, 2, 32), float("nan")), 0, torch.randn(32), 1e-5) is prefix
+
+
+def test_flush_denormals_zeroes_denormal_results_in_this_thread():
+    tiny = torch.tensor([1e-30], dtype=torch.float32)
+    try:
+        assert fast_ops.flush_denormals()
+        assert float(tiny * 1e-10) == 0.0  # 1e-40 is a float32 denormal: flushed
+        assert float(tiny * 1e-5) == pytest.approx(1e-35, rel=1e-5)  # normal results are untouched
+    finally:
+        torch.set_flush_denormal(False)
+    assert float(tiny * 1e-10) > 0.0
