@@ -5,7 +5,7 @@ again).
 On CPU SGLang's K3 runs with what our general plugin `k3_sglang_k3_cpu` supplies (k3_sglang/sglang_cpu): the
 `k3_cpu_mla` attention backend (`k3_dcp_mla` under `--dcp-size > 1`, k3_sglang/dcp_mla), a torch KDA kernel inside
 SGLang's KDA backend, a MoE runner core for the "triton" runner name. Everything else SGLang would pick (GPU attention, KDA and MoE backends, CUDA graphs, torch.compile,
-quantized KV, speculative workers, DP attention) has no CPU path and would fail deep inside a rank, so each is named
+quantized KV, SGLang's own speculative workers, DP attention) has no CPU path and would fail deep inside a rank, so each is named
 here with the flag that asks for it. The checks read SGLang's own argument names (its parsed command line or a
 ServerArgs), as serving/portable_limits.py does for the portable model.
 """
