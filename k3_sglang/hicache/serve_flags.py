@@ -19,6 +19,7 @@ for a speculative or PD server under DCP); Mooncake without a master address, or
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import socket
@@ -92,27 +93,33 @@ def master_unreachable(address: str, timeout_s: float = MASTER_CONNECT_TIMEOUT_S
         return f"the Mooncake master at {address} does not answer ({exc.strerror or exc})"
 
 
-DEFAULT_FILE_STORAGE_DIR = "/tmp/hicache"  # SGLang's HiCacheFile default
-
-
-def file_storage_dir(args, environ) -> str:
-    """The directory SGLang's file backend will use: SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, else the extra config's
-    `file_storage_path`, else SGLang's default."""
+def named_file_storage_dir(args, environ) -> str | None:
+    """The storage directory the user named for SGLang's file backend (SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, else
+    the extra config's `file_storage_path`), or None."""
     extra = getattr(args, "hicache_storage_backend_extra_config", None) or {}
     if isinstance(extra, str):
         try:
             extra = json.loads(extra)
         except ValueError:
             extra = {}
-    return (environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or (extra or {}).get("file_storage_path")
-            or DEFAULT_FILE_STORAGE_DIR)
+    return environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or (extra or {}).get("file_storage_path") or None
+
+
+def file_storage_dir(args, environ) -> str:
+    """The directory SGLang's file backend will use: the one the user named, else HiCacheFile's own default."""
+    named = named_file_storage_dir(args, environ)
+    if named:
+        return named
+    from sglang.srt.mem_cache.hicache_storage import HiCacheFile
+
+    return inspect.signature(HiCacheFile.__init__).parameters["file_path"].default
 
 
 def file_storage_refusals(args, environ) -> list[str]:
     """A storage directory the user named that does not exist or that this process cannot write (SGLang would create
     a missing one silently, and fail on the first write to an unwritable one)."""
-    directory = file_storage_dir(args, environ)
-    if directory == DEFAULT_FILE_STORAGE_DIR:
+    directory = named_file_storage_dir(args, environ)
+    if directory is None:  # SGLang's default, which it creates
         return []
     if not os.path.isdir(directory):
         return [f"--hicache-storage-backend file: the storage directory {directory} does not exist "

@@ -67,3 +67,13 @@ def assert_resumed_from(records, tier: str) -> None:
         if r.turn:
             assert r.cached_tokens >= held[(r.session, r.turn)] - 1, (r, held)
             assert r.cached_by_tier.get(tier, 0) > 0 and r.cached_by_tier.get("device", 0) == 0, r
+
+
+def resumed_fractions(records) -> list[float]:
+    """Per resumed turn: cached tokens / the tokens the session had before this turn (its history)."""
+    history, fractions = {}, []
+    for rec in records:
+        if rec.turn:
+            fractions.append(rec.cached_tokens / history[rec.session])
+        history[rec.session] = rec.prompt_tokens + len(rec.output_ids)
+    return fractions

@@ -20,6 +20,7 @@ import pytest
 from k3_sglang.tooling.bench.session_traffic import SessionTraffic, run_sessions
 from k3_sglang.serving.cli import cpu_state_slots
 from k3_sglang.serving.process import K3ServerProcess
+from tests.e2e.session_checks import resumed_fractions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 CHUNK, POOL = 128, 16384
@@ -31,17 +32,6 @@ def _start(tiny_dir, tmp_path_factory, name: str, extra: list[str]) -> K3ServerP
     log = tmp_path_factory.mktemp(name) / "serve.log"
     proc = K3ServerProcess(["--model-path", str(tiny_dir), *SERVE_ARGS, *extra], log)
     return proc.start(timeout_s=float(os.environ.get("K3_TEST_STARTUP_S", "400")))
-
-
-def _resumed_hit_fraction(records) -> list[float]:
-    """Per resumed turn: cached tokens / tokens the session had before this turn (its history)."""
-    previous = {}
-    fractions = []
-    for rec in records:
-        if rec.turn:
-            fractions.append(rec.cached_tokens / previous[rec.session])
-        previous[rec.session] = rec.prompt_tokens + len(rec.output_ids)
-    return fractions
 
 
 def test_round_robin_sessions_all_hit_on_the_default_sizing(tiny_dir, tmp_path_factory):
@@ -57,7 +47,7 @@ def test_round_robin_sessions_all_hit_on_the_default_sizing(tiny_dir, tmp_path_f
         records = run_sessions(server.url, TRAFFIC)
     finally:
         server.stop()
-    fractions = _resumed_hit_fraction(records)
+    fractions = resumed_fractions(records)
     assert len(fractions) == TRAFFIC.sessions
     # The last generated token has no KV yet, so a full hit is the history minus one token.
     assert min(fractions) >= (TRAFFIC.first_tokens + TRAFFIC.output_tokens - 1) / (
@@ -72,4 +62,4 @@ def test_control_old_fixed_pool_misses_round_robin_sessions(tiny_dir, tmp_path_f
         records = run_sessions(server.url, TRAFFIC)
     finally:
         server.stop()
-    assert sum(_resumed_hit_fraction(records)) / TRAFFIC.sessions < 0.5
+    assert sum(resumed_fractions(records)) / TRAFFIC.sessions < 0.5

@@ -24,6 +24,7 @@ import pytest
 from k3_sglang.serving.process import K3ServerProcess
 from k3_sglang.tooling.bench.session_traffic import SessionTraffic, generate, run_sessions
 from tests.e2e.conftest import CHUNK
+from tests.e2e.session_checks import resumed_fractions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -37,16 +38,6 @@ def _shared_prefix_hits(url: str, shared: int, own: int, seed: str) -> list:
     """Three requests: the same `shared` tokens, then `own` tokens of their own. Returns their records."""
     prefix = _ids(shared, seed + "/shared")
     return [generate(url, prefix + _ids(own, f"{seed}/{i}"), 4) for i in range(3)]
-
-
-def _resumed_fractions(records) -> list[float]:
-    """Per resumed turn: cached tokens / the session's history before this turn."""
-    history, fractions = {}, []
-    for rec in records:
-        if rec.turn:
-            fractions.append(rec.cached_tokens / history[rec.session])
-        history[rec.session] = rec.prompt_tokens + len(rec.output_ids)
-    return fractions
 
 
 def test_three_requests_sharing_a_prefix_resume_at_its_last_chunk_boundary(server, reference):
@@ -64,7 +55,7 @@ def test_three_requests_sharing_a_prefix_resume_at_its_last_chunk_boundary(serve
 def test_eight_paused_sessions_resume_their_whole_history(server):
     traffic = SessionTraffic(sessions=8, first_tokens=320, tool_tokens=32, output_tokens=4, turns=2, seed=42)
     records = run_sessions(server.url, traffic)
-    fractions = _resumed_fractions(records)
+    fractions = resumed_fractions(records)
     assert len(fractions) == 8
     assert min(fractions) >= 0.9, [(r.session, r.turn, r.prompt_tokens, r.cached_tokens) for r in records]
 
@@ -90,5 +81,5 @@ def test_defaults_three_requests_sharing_1500_tokens_hit_1024(default_server):
 @pytest.mark.slow
 def test_defaults_eight_paused_6k_sessions_resume_at_least_90_percent(default_server):
     traffic = SessionTraffic(sessions=8, first_tokens=6000, tool_tokens=256, output_tokens=8, turns=2, seed=42)
-    fractions = _resumed_fractions(run_sessions(default_server.url, traffic))
+    fractions = resumed_fractions(run_sessions(default_server.url, traffic))
     assert len(fractions) == 8 and min(fractions) >= 0.9, fractions
