@@ -14,6 +14,7 @@ from pathlib import Path
 from k3_sglang.net import free_port
 
 BIND_ERROR = "error while attempting to bind on address"
+ZMQ_BIND_ERROR = "zmq.error.ZMQError: Address already in use"  # a KV-event port `k3 serve` picked was taken
 
 
 class K3ServerProcess:
@@ -34,7 +35,8 @@ class K3ServerProcess:
     def start(self, timeout_s: float = 300.0, bind_retries: int = 2) -> "K3ServerProcess":
         """Start and wait for /health. A server whose HTTP port was taken between our pick and its bind (it logs
         the bind error and never turns healthy) is stopped and, on a port we picked, started again on a fresh one
-        up to bind_retries times."""
+        up to bind_retries times; so is one that died because a KV-event port `k3 serve` picked was taken before
+        SGLang's scheduler bound it (it binds after the model loads)."""
         command = self.command()
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
@@ -42,6 +44,9 @@ class K3ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self._picked_event_port_taken() and bind_retries >= 1:
+                    self._reap()  # `k3 serve` picks fresh KV-event ports on each start
+                    return self.start(max(1.0, deadline - time.monotonic()), bind_retries - 1)
                 raise RuntimeError(f"k3 serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             if self.healthy():
                 return self
@@ -55,6 +60,13 @@ class K3ServerProcess:
             time.sleep(1.0)
         self.stop()
         raise RuntimeError(f"k3 serve not healthy within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def _picked_event_port_taken(self) -> bool:
+        """Whether the server died because a KV-event port it picked itself was taken before SGLang bound it."""
+        from k3_sglang.serving.kv_events_config import KV_EVENTS_FLAG
+
+        user_given = any(a == KV_EVENTS_FLAG or a.startswith(KV_EVENTS_FLAG + "=") for a in self.args)
+        return not user_given and ZMQ_BIND_ERROR in self.log_tail(20000)
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "k3_sglang.cli", "serve", "--port", str(self.port), *self.args]
@@ -81,6 +93,14 @@ class K3ServerProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+        self._log.close()
+
+    def _reap(self) -> None:
+        """After the server exited on its own: end what is left of its process group and close the log."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self._log.close()
 
     def __enter__(self) -> "K3ServerProcess":
