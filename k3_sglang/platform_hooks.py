@@ -29,7 +29,6 @@ the k3_cpu platform for either K3 model (a CUDA host and plain `sglang serve` ar
 """
 from __future__ import annotations
 
-import os
 from k3_sglang.sglang_guard import sglang_plugin
 
 K3_ARCHITECTURES = ("KimiK3ForConditionalGeneration", "KimiK3LinearForCausalLM")
@@ -41,17 +40,19 @@ DECODE_PREP_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_f
 
 
 def on_k3_cpu() -> bool:
-    """True when SGLang runs on our CPU platform (either K3 model)."""
-    from k3_sglang.platform import PLATFORM_NAME
+    """True when SGLang runs on our CPU platform (either K3 model; serving/deployment.py's decision)."""
+    from k3_sglang.serving.deployment import current
 
-    return os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME
+    deployment = current()
+    return deployment is not None and deployment.on_cpu
 
 
 def active() -> bool:
     """True when SGLang runs on our CPU platform with the portable model (what `k3 serve` sets on CPU)."""
-    from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
+    from k3_sglang.serving.deployment import current
 
-    return on_k3_cpu() and os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE
+    deployment = current()
+    return deployment is not None and deployment.on_cpu and deployment.portable
 
 
 def collect_overrides_without_gpu_dcp(original, *args, **kwargs):

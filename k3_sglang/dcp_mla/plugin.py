@@ -1,6 +1,6 @@
 """SGLang general plugin `k3_dcp_mla` (entry point in pyproject.toml): the k3_dcp_mla backend and its model-override
 hook for SGLang's own K3 on a GPU host (CUDA; ROCm and Blackwell keep SGLang's DCP backends unless asked), in a
-server `k3 serve` started (K3_SERVE_HOOKS=1; plain `sglang serve` on the same host is untouched).
+server `k3 serve` started (its decision in K3_DEPLOYMENT; plain `sglang serve` on the same host is untouched).
 
 Inert when the portable model is registered (it runs MLA attention itself), and on the k3_cpu platform, where the
 SGLang-K3-on-CPU plugin (`k3_sglang/sglang_cpu/hooks.py`) installs the same backend and hook together with the CPU
@@ -8,21 +8,18 @@ paths of SGLang's DCP helpers.
 """
 from __future__ import annotations
 
-import os
 
 from k3_sglang.dcp_mla.overrides import OVERRIDES_TARGET, collect_overrides_with_k3_dcp_mla
 from k3_sglang.sglang_guard import sglang_plugin
 
 
 def active() -> bool:
-    """True where `k3 serve` started SGLang's own K3 on a GPU host (K3_SERVE_HOOKS=1, no portable model registered,
-    not the k3_cpu platform); plain `sglang serve` in the same environment is left alone."""
-    from k3_sglang.platform import PLATFORM_NAME
-    from k3_sglang.serving.kv_events_config import HOOKS_ENV
-    from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
+    """True where `k3 serve` started SGLang's own K3 on a GPU host (its deployment: model sglang, platform cuda);
+    plain `sglang serve` in the same environment is left alone."""
+    from k3_sglang.serving.deployment import current
 
-    return (os.environ.get(HOOKS_ENV) == "1" and os.environ.get("SGLANG_PLATFORM") != PLATFORM_NAME
-            and os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") != PORTABLE_PACKAGE)
+    deployment = current()
+    return deployment is not None and not deployment.portable and not deployment.on_cpu
 
 
 def installed_hooks():

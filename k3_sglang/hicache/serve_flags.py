@@ -26,7 +26,7 @@ import socket
 import tempfile
 
 from k3_sglang.hicache.host_sizing import HostTier, host_tier
-from k3_sglang.serving.argv import flag_value, has_flag
+from k3_sglang.serving.deployment import Deployment, coerce
 
 HICACHE_FLAGS = ("--enable-hierarchical-cache", "--enable-hicache")
 CPU_HICACHE_DEFAULTS = {"--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct"}
@@ -42,34 +42,36 @@ MASTER_CONNECT_TIMEOUT_S = 3.0
 
 
 
-def hicache_requested(args: list[str]) -> bool:
-    """Whether this command line turns SGLang's HiCache on."""
-    return any(has_flag(args, f) for f in HICACHE_FLAGS)
+def hicache_requested(d: Deployment | list[str]) -> bool:
+    """Whether this deployment turns SGLang's HiCache on."""
+    return coerce(d).hicache
 
 
-def cpu_host_tier(extra: list[str], mem_available: int | None) -> HostTier | None:
+def cpu_host_tier(d: Deployment | list[str], mem_available: int | None) -> HostTier | None:
     """The host tier `k3 serve` sizes from free memory (hicache/host_sizing.py); None when HiCache is off or the
     user chose the size with SGLang's --hicache-size or --hicache-ratio."""
-    if not hicache_requested(extra) or has_flag(extra, "--hicache-ratio") or has_flag(extra, "--hicache-size"):
+    d = coerce(d)
+    if not d.hicache or d.sets("hicache_ratio") or d.sets("hicache_size"):
         return None
-    ranks = int(flag_value(extra, "--tp-size", flag_value(extra, "--tp", "1"))) * int(flag_value(extra, "--pp-size", "1"))
-    return host_tier(mem_available, ranks)
+    return host_tier(mem_available, d.ranks)
 
 
-def cpu_hicache_flags(extra: list[str], tier: HostTier | None = None) -> list[str]:
+def cpu_hicache_flags(d: Deployment | list[str], tier: HostTier | None = None) -> list[str]:
     """SGLang flags to append for HiCache on CPU (none when HiCache is off or the user set them). The host tier's
     size comes from `tier` (cpu_host_tier); without one, SGLang's --hicache-ratio 2 unless the user chose."""
-    if not hicache_requested(extra):
+    d = coerce(d)
+    if not d.hicache:
         return []
-    flags = [w for flag, value in CPU_HICACHE_DEFAULTS.items() if not has_flag(extra, flag) for w in (flag, value)]
-    if not has_flag(extra, "--hicache-ratio") and not has_flag(extra, "--hicache-size"):
+    flags = [w for flag, value in CPU_HICACHE_DEFAULTS.items() if not d.sets_flag(flag) for w in (flag, value)]
+    if not d.sets("hicache_ratio") and not d.sets("hicache_size"):
         flags += list(tier.flags) if tier is not None else ["--hicache-ratio", CPU_HICACHE_RATIO]
     return flags
 
 
-def cpu_hicache_env(extra: list[str], host: str, env: dict[str, str]) -> dict[str, str]:
+def cpu_hicache_env(d: Deployment | list[str], host: str, env: dict[str, str]) -> dict[str, str]:
     """`env` with the Mooncake-on-CPU variables set where unset (unchanged without the mooncake backend)."""
-    if not hicache_requested(extra) or flag_value(extra, "--hicache-storage-backend") != "mooncake":
+    d = coerce(d)
+    if not d.hicache or d.hicache_storage_backend != "mooncake":
         return env
     out = dict(env)
     for name, value in CPU_MOONCAKE_ENV.items():

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from k3_sglang.serving.argv import flag_value as _flag_value, has_flag as _has_flag
+from k3_sglang.serving.deployment import Deployment
 from k3_sglang.serving.kv_events_config import KvEventsSettings, hooks_env, kv_events_flags
 from k3_sglang.hicache.host_sizing import mem_available_bytes
 from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags, cpu_host_tier
@@ -132,12 +132,12 @@ def validate_model_path(path: Path) -> None:
 DYNAMIC_CHUNKING_PROFILE_IDS = 10000
 
 
-def check_dynamic_chunking(model_path: Path, extra: list[str]) -> None:
+def check_dynamic_chunking(model_path: Path, d: Deployment) -> None:
     """Raise CliError when --enable-dynamic-chunking is asked for a checkpoint SGLang's profiler cannot run."""
     from k3_sglang.cli import CliError
     from k3_sglang.config import K3Config
 
-    if not _has_flag(extra, "--enable-dynamic-chunking"):
+    if not d.dynamic_chunking:
         return
     vocab = K3Config.from_json(model_path).vocab_size
     if vocab < DYNAMIC_CHUNKING_PROFILE_IDS:
@@ -147,64 +147,97 @@ def check_dynamic_chunking(model_path: Path, extra: list[str]) -> None:
                        f"{DYNAMIC_CHUNKING_PROFILE_IDS} (e.g. the bench-only k3-tiny-pp of `k3 bench pp-prefill`)")
 
 
-def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu: bool,
-                portable: bool = True, own_flags: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """SGLang's command line: ours (host, port, the defaults the user did not override, `own_flags`), then the
-    user's flags."""
-    argv = ["--model-path", str(model_path), "--host", host, "--port", str(port)]
-    sglang_cpu = on_cpu and not portable
-    defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if portable else {}),
-                **(SGLANG_CPU_DEFAULTS if sglang_cpu else {}), **(CPU_DEFAULTS if on_cpu else {})}
-    dcp = int(_flag_value(extra, "--dcp-size", _flag_value(extra, "--decode-context-parallel-size", "1")))
+def _deployment(extra, on_cpu: bool, portable: bool, model_path=None) -> Deployment:
+    """The deployment a caller passed, or one parsed from raw SGLang flags (tests and callers outside `run`)."""
+    if isinstance(extra, Deployment):
+        return extra
+    return Deployment.from_argv(list(extra), "portable" if portable else "sglang", "k3_cpu" if on_cpu else "cuda",
+                                model_path)
+
+
+def our_defaults(d: Deployment) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The valued defaults and the switches `k3 serve` adds for this deployment (before the user's own flags are
+    taken out)."""
+    defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if d.portable else {}),
+                **(SGLANG_CPU_DEFAULTS if d.sglang_cpu else {}), **(CPU_DEFAULTS if d.on_cpu else {})}
     dcp_flags: tuple[str, ...] = ()
-    if sglang_cpu and dcp > 1:
+    if d.sglang_cpu and d.dcp > 1:
         defaults["--attention-backend"] = SGLANG_CPU_DCP_DEFAULTS["--attention-backend"]
-    if dcp > 1 and (portable or sglang_cpu) and (_has_flag(extra, "--speculative-algorithm")
-                                                 or _flag_value(extra, "--disaggregation-mode", "null") != "null"):
+    if d.dcp > 1 and (d.portable or d.sglang_cpu) and (d.speculative_algorithm is not None or d.pd):
         dcp_flags = DCP_NO_PREFIX_CACHE_FLAGS
-    elif portable and dcp > 1:
+    elif d.portable and d.dcp > 1:
         defaults.update(DCP_PORTABLE_DEFAULTS)
-    elif sglang_cpu and dcp > 1:
+    elif d.sglang_cpu and d.dcp > 1:
         defaults.update(SGLANG_CPU_DCP_DEFAULTS)
-    if _has_flag(extra, "--skip-tokenizer-init"):
+    if d.skip_tokenizer_init:
         defaults.pop("--reasoning-parser")
         defaults.pop("--tool-call-parser")
-    for flag, value in defaults.items():
-        if not _has_flag(extra, flag):
-            argv += [flag, value]
-    flags = (COMMON_FLAGS + (PORTABLE_FLAGS if portable else ()) + (SGLANG_CPU_FLAGS if sglang_cpu else ())
-             + (CPU_FLAGS if on_cpu else ()) + dcp_flags)
-    argv += [f for f in flags if not _has_flag(extra, f)]
-    slots = cpu_state_slots(argv + extra) if on_cpu and not _has_flag(extra, "--max-mamba-cache-size") else None
-    if slots is not None:
-        argv += ["--max-mamba-cache-size", str(slots)]
-    return argv + list(own_flags) + extra
+    flags = (COMMON_FLAGS + (PORTABLE_FLAGS if d.portable else ()) + (SGLANG_CPU_FLAGS if d.sglang_cpu else ())
+             + (CPU_FLAGS if d.on_cpu else ()) + dcp_flags)
+    return defaults, flags
 
 
-def cpu_state_slots(argv: list[str]) -> int | None:
-    """`--max-mamba-cache-size` for a CPU server with this command line: S slots per running request (SGLang's
-    ratio for the strategy, overlap off) plus P states for every cached session of CPU_MIN_SESSION_TOKENS in the KV
-    pool (P = --mamba-max-states-per-path; uncapped, the default: one state per prefill chunk, or per
-    --mamba-track-interval under extra_buffer, + 1). None for a command line
-    SGLang or the portable limits will refuse anyway (they name the bad value)."""
+def compose(model_path: Path, host: str, port: int, d: Deployment,
+            own_flags: tuple[str, ...] | list[str] = ()) -> tuple[list[str], Deployment]:
+    """SGLang's command line before the user's flags (host, port, the defaults the user did not set, `own_flags`),
+    and the deployment with them applied (what the server runs)."""
+    argv = ["--model-path", str(model_path), "--host", host, "--port", str(port)]
+    defaults, flags = our_defaults(d)
+    argv += [w for flag, value in defaults.items() if not d.sets_flag(flag) for w in (flag, value)]
+    argv += [f for f in flags if not d.sets_flag(f)]
+    argv += list(own_flags)
+    served = d.applied(argv)
+    if d.on_cpu and not d.sets("max_mamba_cache_size"):
+        slots = cpu_state_slots(served.args)
+        if slots is not None:
+            argv += ["--max-mamba-cache-size", str(slots)]
+            served = d.applied(argv)
+    return argv, served
+
+
+def sglang_argv(model_path: Path, host: str, port: int, extra: Deployment | list[str], on_cpu: bool = True,
+                portable: bool = True, own_flags: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """SGLang's command line: ours (host, port, the defaults the user did not override, `own_flags`), then the
+    user's flags. extra: the user's flags, or their Deployment (which then decides model and platform)."""
+    d = _deployment(extra, on_cpu, portable, model_path)
+    user = list(extra) if not isinstance(extra, Deployment) else []
+    return compose(model_path, host, port, d, own_flags)[0] + user
+
+
+def cpu_state_slots(args) -> int | None:
+    """`--max-mamba-cache-size` for a CPU server with these SGLang arguments (a parsed namespace, or a flag list
+    parsed here): S slots per running request (SGLang's ratio for the strategy, overlap off) plus P states for every
+    cached session of CPU_MIN_SESSION_TOKENS in the KV pool (P = --mamba-max-states-per-path; uncapped, the default:
+    one state per prefill chunk, or per --mamba-track-interval under extra_buffer, + 1). None for arguments SGLang
+    or the limits will refuse anyway (they name the bad value); ValueError for a flag list SGLang's parser refuses."""
     from k3_sglang.plan.sessions import states_per_cached_session
     from k3_sglang.plan.workload import Serving
 
+    strategy = None
+    if isinstance(args, (list, tuple)):
+        parsed = Deployment.from_argv(list(args))  # ValueError: SGLang refuses this command line, naming the flag
+        args = parsed.args
+        strategy = None if parsed.sets("mamba_radix_cache_strategy") else "no_buffer"  # k3 serve's CPU default
+
+    def value(name: str, default: int) -> int:
+        got = getattr(args, name, None)
+        return default if got is None else int(got)
+
+    running = value("max_running_requests", 48)
+    if getattr(args, "disable_radix_cache", False):
+        return running  # SGLang's ratio is 1 and nothing is cached
+    strategy = strategy or getattr(args, "mamba_radix_cache_strategy", None) or "no_buffer"
+    overlap = not getattr(args, "disable_overlap_schedule", False)
     try:
-        running = int(_flag_value(argv, "--max-running-requests", "48"))
-        if _has_flag(argv, "--disable-radix-cache"):
-            return running  # SGLang's ratio is 1 and nothing is cached
-        strategy = _flag_value(argv, "--mamba-radix-cache-strategy", "no_buffer")
-        overlap = not _has_flag(argv, "--disable-overlap-schedule")
         per_request = Serving(mamba_radix_cache_strategy=strategy).state_slots_per_request(overlap)
-        cap = int(_flag_value(argv, "--mamba-max-states-per-path", str(UNCAPPED)))
-        chunk = int(_flag_value(argv, "--chunked-prefill-size", "512"))
-        if strategy.startswith("extra_buffer"):  # one tracked state per interval, not per chunk
-            interval = int(_flag_value(argv, "--mamba-track-interval", str(MAMBA_TRACK_INTERVAL)))
-            chunk = min(chunk, interval) if chunk > 0 and interval > 0 else max(chunk, interval)
-        kv_tokens = int(_flag_value(argv, "--max-total-tokens", "131072"))
     except ValueError:
         return None
+    cap = value("mamba_max_states_per_path", UNCAPPED)
+    chunk = value("chunked_prefill_size", 512)
+    if strategy.startswith("extra_buffer"):  # one tracked state per interval, not per chunk
+        interval = value("mamba_track_interval", MAMBA_TRACK_INTERVAL)
+        chunk = min(chunk, interval) if chunk > 0 and interval > 0 else max(chunk, interval)
+    kv_tokens = value("max_total_tokens", 131072)
     if cap != UNCAPPED and cap < 1 or running < 1 or kv_tokens < 1:
         return None
     per_session = states_per_cached_session(CPU_MIN_SESSION_TOKENS, chunk if chunk > 0 else kv_tokens, cap)
@@ -221,30 +254,30 @@ DCP_PORTABLE_DEFAULTS = {"--mamba-radix-cache-strategy": "extra_buffer"}
 DCP_NO_PREFIX_CACHE_FLAGS = ("--disable-radix-cache",)
 
 
-def serving_env(extra: list[str], on_cpu: bool, portable: bool = True) -> dict[str, str]:
-    """The server's environment: the portable model registered (or, for SGLang's K3, never registered)."""
+def serving_env(d: Deployment | list[str], on_cpu: bool = True, portable: bool = True) -> dict[str, str]:
+    """The server's environment for deployment `d` (or raw SGLang flags with on_cpu/portable): the portable model
+    registered (or, for SGLang's K3, never registered), the platform, and `K3_DEPLOYMENT`, the decision itself."""
+    d = _deployment(d, on_cpu, portable)
     env = dict(os.environ)
-    if portable:
+    if d.portable:
         env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = PORTABLE_PACKAGE
     elif env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
         del env["SGLANG_EXTERNAL_MODEL_PACKAGE"]  # an inherited export must not swap SGLang's K3 out
-    if (_flag_value(extra, "--speculative-algorithm", "").upper() == "K3_CSV"
-            and int(_flag_value(extra, "--pp-size", "1")) > 1):
+    if d.k3_csv and d.pp > 1:
         env["SGLANG_ENABLE_PP_SPEC"] = "1"  # SGLang's pipeline speculation relay (spec/pp_hooks.py)
-    if _flag_value(extra, "--dtype", "auto") == "float32":
+    if d.dtype == "float32":
         # SGLang keeps KDA conv windows in bf16 by default; a float32 model keeps them exact.
         env.setdefault("SGLANG_MAMBA_CONV_DTYPE", "float32")
-    if on_cpu:
+    if d.on_cpu:
         env.setdefault("SGLANG_PLATFORM", "k3_cpu")
         env.pop("SGLANG_USE_CPU_ENGINE", None)
-        ranks = int(_flag_value(extra, "--tp-size", _flag_value(extra, "--tp", "1"))) * int(_flag_value(extra, "--pp-size", "1"))
         cores = os.cpu_count() or 1
-        env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(ranks)))
-        if ranks > 1:  # SGLang sets no thread count on this platform: every rank would start one thread per core
-            env.setdefault("OMP_NUM_THREADS", str(rank_threads(ranks)))
+        env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(r % cores) for r in range(d.ranks)))
+        if d.ranks > 1:  # SGLang sets no thread count on this platform: every rank would start one thread per core
+            env.setdefault("OMP_NUM_THREADS", str(rank_threads(d.ranks)))
     else:
         env.pop("TRITON_INTERPRET", None)  # a GPU server never runs its Triton kernels in the CPU interpreter
-    return env
+    return {**env, **d.env()}
 
 
 def rank_threads(ranks: int) -> int:
@@ -271,38 +304,17 @@ def served_model(settings: ServeSettings, model_path: Path, default_tiny: bool, 
         raise CliError(str(exc)) from None
 
 
-def check_served(argv: list[str], portable: bool, on_cpu: bool = True, cpu_env: dict[str, str] | None = None) -> None:
-    """Raise CliError (exit 2) listing every reason the chosen model cannot serve this command line here (the
+def check_served(served: Deployment, cpu_env: dict[str, str] | None = None) -> None:
+    """Raise CliError (exit 2) listing every reason the chosen model cannot serve this deployment here (the
     portable model anywhere, SGLang's K3 on the k3_cpu platform; on CUDA, SGLang's K3 with K3_CSV against the
     verify contract); with cpu_env (a CPU host: the server's environment) also what HiCache cannot do there
     (hicache/serve_flags.py)."""
     from k3_sglang.cli import CliError
-    from k3_sglang.hicache.serve_flags import cpu_hicache_refusals
-    from k3_sglang.serving import sglang_cpu_limits
-    from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals, refusal_message
-    from k3_sglang.spec.contract import contract_refusals
+    from k3_sglang.serving.limits_table import deployment_refusals, refusal_message
 
-    k3_csv = _flag_value(argv, "--speculative-algorithm", "").upper() == "K3_CSV"
-    if not (portable or on_cpu or k3_csv):
-        return  # SGLang's K3 on CUDA checks its own arguments
-    try:
-        args = parse_sglang_argv(argv)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    hicache = cpu_hicache_refusals(args, cpu_env) if cpu_env is not None else []
-    if portable:
-        reasons = portable_refusals(args) + hicache
-        if reasons:
-            raise CliError(refusal_message(reasons))
-        return
-    if not on_cpu:
-        reasons = contract_refusals(args, portable=False)
-        if reasons:
-            raise CliError("SGLang's K3 cannot serve this configuration:\n  - " + "\n  - ".join(reasons))
-        return
-    reasons = sglang_cpu_limits.refusals(args) + hicache
+    reasons = deployment_refusals(served, served.args, cpu_env)
     if reasons:
-        raise CliError(sglang_cpu_limits.refusal_message(reasons))
+        raise CliError(refusal_message(served, reasons))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -327,25 +339,32 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
     model_path = args.model_path or ensure_tiny_checkpoint(settings)
     validate_model_path(model_path)
-    check_dynamic_chunking(model_path, args.extra_args)
     on_cpu = os.environ.get("SGLANG_PLATFORM") == "k3_cpu" or not cuda_available()
     model = served_model(settings, model_path, args.model_path is None, on_cpu)
-    # KV events on loopback (serving/kv_events_config.py); [] when the user configured them or turned them off
-    argv = sglang_argv(model_path, args.host, args.port, args.extra_args, on_cpu, model.portable,
-                       kv_events_flags(args.extra_args, events))
-    missing = missing_transfer_engine(args.extra_args)
+    try:  # the one parse of the user's SGLang flags (a --config YAML merged as SGLang merges it)
+        user = Deployment.from_argv(args.extra_args, "portable" if model.portable else "sglang",
+                                    "k3_cpu" if on_cpu else "cuda", model_path)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    check_dynamic_chunking(model_path, user)
+    missing = missing_transfer_engine(user)
     if missing:
         raise CliError(missing)
+    # KV events on loopback (serving/kv_events_config.py); [] when the user configured them or turned them off
+    ours, served = compose(model_path, args.host, args.port, user, kv_events_flags(user, events))
+    late: list[str] = []
     if on_cpu:
-        argv += pd_cpu_flags(args.extra_args)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
-        tier = cpu_host_tier(args.extra_args, mem_available_bytes())  # sized from free memory; None: user's
+        late += pd_cpu_flags(user)  # PD disaggregation on CPU (serving/pd_cpu.py); [] otherwise
+        tier = cpu_host_tier(user, mem_available_bytes())  # sized from free memory; None: user's
         if tier is not None:
             print(f"k3 serve: {tier.message}", file=sys.stderr, flush=True)
-        argv += cpu_hicache_flags(args.extra_args, tier)  # HiCache on CPU (hicache/serve_flags.py); [] otherwise
-    env = hooks_env(serving_env(args.extra_args, on_cpu, model.portable))
+        late += cpu_hicache_flags(user, tier)  # HiCache on CPU (hicache/serve_flags.py); [] otherwise
+    argv = ours + list(args.extra_args) + late
+    served = served.applied(late)
+    env = hooks_env(serving_env(served))
     if on_cpu:
-        env = cpu_hicache_env(args.extra_args, args.host, pd_cpu_env(args.extra_args, args.host, env))
-    check_served(argv, model.portable, on_cpu, env if on_cpu else None)
+        env = cpu_hicache_env(served, args.host, pd_cpu_env(served, args.host, env))
+    check_served(served, env if on_cpu else None)
     command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]
     if args.dry_run:
         print(f"# model: {model.name} ({model.reason})")

@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from k3_sglang.env_settings import EnvModel
-from k3_sglang.serving.argv import flag_value as _flag_value
+from k3_sglang.serving.deployment import Deployment, coerce
 from k3_sglang.net import free_port_block
 
 KV_EVENTS_FLAG = "--kv-events-config"
@@ -77,14 +77,15 @@ def kv_events_config(host: str, base_port: int, dp_size: int, publisher: str = "
                        "replay_endpoint": f"tcp://{address}:{base_port + dp_size}", "topic": TOPIC})
 
 
-def kv_events_flags(extra: list[str], settings: KvEventsSettings,
+def kv_events_flags(d: Deployment | list[str], settings: KvEventsSettings,
                     pick_ports: Callable[[int], int] = free_port_block) -> list[str]:
     """The flags `k3 serve` adds: [] when the user configured events or turned them off."""
-    if not settings.enabled or any(a == KV_EVENTS_FLAG or a.startswith(KV_EVENTS_FLAG + "=") for a in extra):
+    d = coerce(d)
+    if not settings.enabled or d.sets("kv_events_config"):
         return []
-    if _flag_value(extra, "--disaggregation-mode", "null") == "decode":
+    if d.disaggregation_mode == "decode":
         return []  # a PD decode server keeps no radix cache: nothing to publish
-    dp = max(1, int(_flag_value(extra, "--dp-size", _flag_value(extra, "--dp", "1"))))
+    dp = d.dp
     from k3_sglang.serving.kv_events_curve import PUBLISHER
 
     publisher = PUBLISHER if settings.curve else "zmq"

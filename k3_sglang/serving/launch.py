@@ -1,9 +1,10 @@
 """Process entry of `k3 serve`: SGLang's HTTP server with our request guard and a ready line.
 
-Run as `python -m k3_sglang.serving.launch <sglang args>` with the environment `k3 serve` composed
-(SGLANG_EXTERNAL_MODEL_PACKAGE for the portable model, SGLANG_PLATFORM=k3_cpu on CPU). When the portable
-model is registered, or SGLang's own K3 runs on the k3_cpu platform, the parsed ServerArgs (a `--config` file
-included) are checked again before any server starts: exit code 2 and the reasons, as `k3 serve` gives them.
+Run as `python -m k3_sglang.serving.launch <sglang args>` with the environment `k3 serve` composed (its
+decision in `K3_DEPLOYMENT`, serving/deployment.py; SGLANG_EXTERNAL_MODEL_PACKAGE for the portable model,
+SGLANG_PLATFORM=k3_cpu on CPU). When the portable model serves, or SGLang's own K3 runs on the k3_cpu platform, the
+parsed ServerArgs (a `--config` file included) are checked again against the same limits table before any server
+starts (serving/limits_table.py): exit code 2 and the reasons, as `k3 serve` gives them.
 """
 
 from __future__ import annotations
@@ -11,12 +12,9 @@ from __future__ import annotations
 import os
 import sys
 
-from k3_sglang.hicache.serve_flags import cpu_hicache_refusals
-from k3_sglang.platform import PLATFORM_NAME
+from k3_sglang.serving import deployment as deployment_decision
 from k3_sglang.serving.guards import RequestGuard, SampleLimits
-from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
-from k3_sglang.serving import sglang_cpu_limits
-from k3_sglang.serving.portable_limits import portable_refusals, refusal_message
+from k3_sglang.serving.limits_table import deployment_refusals, refusal_message
 from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
 from k3_sglang.sglang_guard import check_sglang_version
@@ -62,13 +60,10 @@ def main(argv: list[str]) -> None:
     load_plugins()
     server_args = prepare_server_args(argv)
     message = None
-    if os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
-        reasons = portable_refusals(server_args) + (
-            cpu_hicache_refusals(server_args) if os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME else [])
-        message = refusal_message(reasons) if reasons else None
-    elif os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME:
-        reasons = sglang_cpu_limits.refusals(server_args) + cpu_hicache_refusals(server_args)
-        message = sglang_cpu_limits.refusal_message(reasons) if reasons else None
+    decided = deployment_decision.current()  # K3_DEPLOYMENT, or SGLang's own selectors for a server started by hand
+    if decided is not None and (decided.portable or decided.on_cpu):
+        reasons = deployment_refusals(decided, server_args, os.environ if decided.on_cpu else None)
+        message = refusal_message(decided, reasons) if reasons else None
     if message:
         print(f"k3 serve: error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -15,35 +15,36 @@ from __future__ import annotations
 
 import importlib.util
 
-from k3_sglang.serving.argv import flag_value
+from k3_sglang.serving.deployment import Deployment, coerce
 
 PD_MODES = ("prefill", "decode")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 PD_CPU_ENV = {"SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER": "1", "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "0"}
 
 
-def pd_mode(extra: list[str]) -> str | None:
-    """prefill / decode when the user's flags ask for PD disaggregation, else None."""
-    mode = flag_value(extra, "--disaggregation-mode")
+def pd_mode(d: Deployment | list[str]) -> str | None:
+    """prefill / decode when the deployment asks for PD disaggregation, else None."""
+    mode = coerce(d).disaggregation_mode
     return mode if mode in PD_MODES else None
 
 
-def pd_cpu_flags(extra: list[str]) -> list[str]:
+def pd_cpu_flags(d: Deployment | list[str]) -> list[str]:
     """SGLang flags to append for a PD server on CPU (none when not PD, or when the user set them)."""
-    mode = pd_mode(extra)
+    d = coerce(d)
+    mode = pd_mode(d)
     if mode is None:
         return []
     flags = []
-    if flag_value(extra, "--disaggregation-transfer-backend") is None:
+    if not d.sets("disaggregation_transfer_backend"):
         flags += ["--disaggregation-transfer-backend", "mooncake_tcp"]
-    if mode == "decode" and flag_value(extra, "--disaggregation-decode-retraction-backup") is None:
+    if mode == "decode" and not d.sets("disaggregation_decode_retraction_backup"):
         flags += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
     return flags
 
 
-def pd_cpu_env(extra: list[str], host: str, env: dict[str, str]) -> dict[str, str]:
+def pd_cpu_env(d: Deployment | list[str], host: str, env: dict[str, str]) -> dict[str, str]:
     """`env` with the PD-on-CPU variables set where unset (unchanged when not PD)."""
-    if pd_mode(extra) is None:
+    if pd_mode(d) is None:
         return env
     out = dict(env)
     for name, value in PD_CPU_ENV.items():
@@ -55,10 +56,11 @@ def pd_cpu_env(extra: list[str], host: str, env: dict[str, str]) -> dict[str, st
     return out
 
 
-def missing_transfer_engine(extra: list[str]) -> str:
+def missing_transfer_engine(d: Deployment | list[str]) -> str:
     """Why a PD server cannot start here ('' when it can): Mooncake's transfer engine is not installed."""
-    backend = flag_value(extra, "--disaggregation-transfer-backend") or "mooncake"
-    if pd_mode(extra) is None or not backend.startswith("mooncake"):
+    d = coerce(d)
+    backend = d.disaggregation_transfer_backend or "mooncake"
+    if pd_mode(d) is None or not backend.startswith("mooncake"):
         return ""
     if importlib.util.find_spec("mooncake") is not None:
         return ""

@@ -16,25 +16,17 @@ deep inside a rank) and are refused with one message listing every reason:
   no_buffer serves page size 1 only);
 - CUDA graphs in either phase (decode gathers sized on the host, Python loops over requests).
 
-The checks read SGLang's own argument names, so they apply to SGLang's parsed command line (`parse_sglang_argv`,
-what `k3 serve` checks) and to a ServerArgs (what serving/launch.py re-checks in the server process).
+The checks read SGLang's own argument names, so they apply to SGLang's parsed command line (the `Deployment`'s,
+serving/deployment.py: what `k3 serve` checks) and to a ServerArgs (what serving/launch.py re-checks in the server
+process). The limits are one table (`limits()`, read by serving/limits_table.py's engine); docs/serving.md's list
+of them is generated from it (`python -m k3_sglang.serving.limits_table --write`).
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class ParallelLimit:
-    """One SGLang parallel size: its flag, the largest size the portable model serves, what it is and why."""
-
-    flag: str
-    supported: int
-    what: str
-    why: str
-
+from k3_sglang.serving.deployment import parse_sglang_argv  # noqa: F401 - re-exported (tests, bench scripts)
+from k3_sglang.serving.limits_table import (  # noqa: F401 - GRAPH_PHASES, graph_backend re-exported
+    GRAPH_PHASES, AllowedValues, ParallelLimit, PlatformLimits, Rule, graph_backend, table_refusals)
 
 # SGLang field -> limit (PP: k3_sglang/parallel/pipeline.py). Raise `supported` here when the model gets a size.
 SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
@@ -49,67 +41,82 @@ SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
 }
 SUPPORTED_SPECULATIVE_ALGORITHMS: frozenset[str] = frozenset({"K3_CSV"})
 SUPPORTED_MAMBA_STRATEGIES = ("no_buffer", "extra_buffer")
-GRAPH_PHASES = ("decode", "prefill")
+MUST_BE_OFF: dict[str, tuple[str, str]] = {
+    "enable_dp_attention": ("--enable-dp-attention", "DP attention is not built into the portable model yet"),
+}
+EAGER = "the portable model runs eagerly only"
 
 
-def graph_backend(args, phase: str) -> str | None:
-    """The CUDA graph backend SGLang would pick for phase from these arguments, by its own precedence
-    (legacy --disable-cuda-graph < --disable-<phase>-cuda-graph < --cuda-graph-backend-<phase> < --cuda-graph-config);
-    None means SGLang's default (graphs on, on CUDA)."""
-    backend = None
-    if getattr(args, "disable_cuda_graph", False) or getattr(args, f"disable_{phase}_cuda_graph", False):
-        backend = "disabled"
-    explicit = getattr(args, f"cuda_graph_backend_{phase}", None)
-    if explicit is not None:
-        backend = str(explicit)
-    config = getattr(args, "cuda_graph_config", None)
-    phase_config = config.get(phase) if isinstance(config, dict) else getattr(config, phase, None)
-    phase_backend = phase_config.get("backend") if isinstance(phase_config, dict) else getattr(phase_config, "backend", None)
-    return backend if phase_backend is None else str(phase_backend)
+def _allowed() -> dict[str, AllowedValues]:
+    return {
+        "speculative_algorithm": AllowedValues(
+            "--speculative-algorithm", (None, *sorted(SUPPORTED_SPECULATIVE_ALGORITHMS)),
+            "not supported by the portable model; its KDA layers keep no per-draft states for SGLang's verify to "
+            "commit", upper=True),
+        "mamba_radix_cache_strategy": AllowedValues(
+            "--mamba-radix-cache-strategy", SUPPORTED_MAMBA_STRATEGIES,
+            f"the portable model serves {' and '.join(SUPPORTED_MAMBA_STRATEGIES)} (its KDA layer writes "
+            "extra_buffer's snapshots itself; the lazy variant is not exercised)"),
+    }
+
+
+def _sizes(args) -> tuple[int, int]:
+    return int(getattr(args, "dcp_size", 1) or 1), int(getattr(args, "pp_size", 1) or 1)
+
+
+def _dcp_in_pipeline(args) -> list[str]:
+    dcp, pp = _sizes(args)
+    if dcp > 1 and pp > 1:  # TP x PP is served (tests/e2e/test_pp_slow.py); DCP inside a pipeline stage is untested
+        return [f"--dcp-size {dcp} with --pp-size {pp}: decode context parallelism inside a pipeline stage "
+                "is not tested with the portable model yet"]
+    return []
+
+
+def _dcp_with_dp_attention(args) -> list[str]:
+    if getattr(args, "enable_dp_attention", False) and _sizes(args)[0] > 1:
+        return ["--dcp-size with --enable-dp-attention: DCP stripes the KV cache over the attention-TP "
+                "group, which DP attention splits up"]
+    return []
+
+
+def _dcp_prefix_cache(args) -> list[str]:
+    dcp = _sizes(args)[0]
+    strategy = getattr(args, "mamba_radix_cache_strategy", "no_buffer")
+    if dcp > 1 and not getattr(args, "disable_radix_cache", False) and strategy == "no_buffer":
+        return [f"--dcp-size {dcp} with the radix cache and --mamba-radix-cache-strategy no_buffer: SGLang's "
+                "DCP pages hold page_size x dcp_size tokens and its KDA prefix cache then needs state "
+                "snapshots at page boundaries; use extra_buffer (`k3 serve`'s default under DCP) or "
+                "--disable-radix-cache"]
+    return []
+
+
+def _k3_csv(args) -> list[str]:
+    algorithm = getattr(args, "speculative_algorithm", None)
+    return spec_refusals(args) if algorithm and str(algorithm).upper() in SUPPORTED_SPECULATIVE_ALGORITHMS else []
+
+
+RULES = (
+    Rule("`--dcp-size` > 1 with `--pp-size` > 1 (DCP inside a pipeline stage is untested)", _dcp_in_pipeline),
+    Rule("`--dcp-size` > 1 with `--enable-dp-attention` (DCP stripes the KV cache over the attention-TP group)",
+         _dcp_with_dp_attention),
+    Rule("`--mamba-radix-cache-strategy no_buffer` with the radix cache on under `--dcp-size` > 1 (use "
+         "extra_buffer, `k3 serve`'s default under DCP, or `--disable-radix-cache`)", _dcp_prefix_cache),
+    Rule("TP/EP/DCP sizes that do not fit the checkpoint's head counts and widths, `--ep-size` not dividing "
+         "`--tp-size`, and a quantization other than MXFP4 routed experts", lambda args: layout_refusals(args)),
+    Rule("K3_CSV where [spec.md](spec.md) says it cannot run (PP with PD, the torch_native MLA extend, "
+         "extra_buffer with the radix cache, fewer than 2 draft tokens, bad `K3_SPEC_*`)", _k3_csv),
+)
+
+
+def limits() -> PlatformLimits:
+    """The portable model (any device), read from this module's tables at call time."""
+    return PlatformLimits("portable", "The portable model (any device)", SUPPORTED_PARALLEL_SIZES,
+                          "is not built into the portable model yet", _allowed(), MUST_BE_OFF, {}, EAGER, RULES)
 
 
 def portable_refusals(args) -> list[str]:
     """Every reason the portable model cannot serve `args` (SGLang argument names); empty when it can."""
-    reasons = []
-    for field, limit in SUPPORTED_PARALLEL_SIZES.items():
-        size = getattr(args, field, 1)
-        if size is not None and int(size) > limit.supported:
-            reasons.append(f"{limit.flag} {size}: {limit.what} is not built into the portable model yet "
-                           f"(supported: {limit.supported}; {limit.why})")
-    dcp, pp = int(getattr(args, "dcp_size", 1) or 1), int(getattr(args, "pp_size", 1) or 1)
-    if dcp > 1 and pp > 1:  # TP x PP is served (tests/e2e/test_pp_slow.py); DCP inside a pipeline stage is untested
-        reasons.append(f"--dcp-size {dcp} with --pp-size {pp}: decode context parallelism inside a pipeline stage "
-                       "is not tested with the portable model yet")
-    if getattr(args, "enable_dp_attention", False):
-        reasons.append("--enable-dp-attention: DP attention is not built into the portable model yet")
-        if int(getattr(args, "dcp_size", 1) or 1) > 1:
-            reasons.append("--dcp-size with --enable-dp-attention: DCP stripes the KV cache over the attention-TP "
-                           "group, which DP attention splits up")
-    strategy = getattr(args, "mamba_radix_cache_strategy", "no_buffer")
-    if dcp > 1 and not getattr(args, "disable_radix_cache", False) and strategy == "no_buffer":
-        reasons.append(f"--dcp-size {dcp} with the radix cache and --mamba-radix-cache-strategy no_buffer: SGLang's "
-                       "DCP pages hold page_size x dcp_size tokens and its KDA prefix cache then needs state "
-                       "snapshots at page boundaries; use extra_buffer (`k3 serve`'s default under DCP) or "
-                       "--disable-radix-cache")
-    reasons += layout_refusals(args)
-    algorithm = getattr(args, "speculative_algorithm", None)
-    if algorithm and str(algorithm).upper() not in SUPPORTED_SPECULATIVE_ALGORITHMS:
-        supported = ", ".join(sorted(SUPPORTED_SPECULATIVE_ALGORITHMS)) or "none yet"
-        reasons.append(f"--speculative-algorithm {algorithm}: not supported by the portable model (supported: "
-                       f"{supported}); its KDA layers keep no per-draft states for SGLang's verify to commit")
-    elif algorithm:
-        reasons += spec_refusals(args)
-    if strategy not in SUPPORTED_MAMBA_STRATEGIES:
-        reasons.append(f"--mamba-radix-cache-strategy {strategy}: the portable model serves "
-                       f"{' and '.join(SUPPORTED_MAMBA_STRATEGIES)} (its KDA layer writes extra_buffer's snapshots "
-                       "itself; the lazy variant is not exercised)")
-    for phase in GRAPH_PHASES:
-        backend = graph_backend(args, phase)
-        if backend != "disabled":
-            shown = backend or "SGLang's default: on"
-            reasons.append(f"CUDA graphs for {phase} ({shown}): the portable model runs eagerly only "
-                           f"(--cuda-graph-backend-{phase} disabled, k3 serve's default for it)")
-    return reasons
+    return table_refusals(limits(), args)
 
 
 def spec_refusals(args, portable: bool = True) -> list[str]:
@@ -173,27 +180,3 @@ def refusal_message(reasons: list[str]) -> str:
     return (f"the portable K3 model (k3_sglang.models) cannot serve this configuration correctly:\n{lines}\n"
             "SGLang's own K3 serves these on CUDA: use a full K3 checkpoint and leave K3_MODEL_IMPL unset "
             "(or set K3_MODEL_IMPL=sglang).")
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would print usage and exit; we want one clear CLI error
-        raise ValueError(f"SGLang does not accept this command line: {message}")
-
-
-def parse_sglang_argv(argv: list[str]) -> argparse.Namespace:
-    """SGLang's own parse of a server command line (its parser, `--config` YAML merged as SGLang does), without
-    ServerArgs resolution. Raises ValueError for a command line SGLang would reject."""
-    from sglang.srt.server_args import ServerArgs
-
-    from k3_sglang.dcp_mla import add_backend_choice as add_dcp_backend_choice
-    from k3_sglang.sglang_cpu import add_backend_choice
-
-    add_backend_choice()  # the k3_cpu_mla and k3_dcp_mla backends our plugins register in SGLang's processes
-    add_dcp_backend_choice()
-    parser = _RaisingParser(prog="sglang serve")
-    ServerArgs.add_cli_args(parser)
-    if "--config" in argv:
-        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
-
-        argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
-    return parser.parse_args(argv)

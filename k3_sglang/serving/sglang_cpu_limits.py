@@ -8,11 +8,14 @@ SGLang's KDA backend, a MoE runner core for the "triton" runner name. Everything
 quantized KV, SGLang's own speculative workers, DP attention) has no CPU path and would fail deep inside a rank, so each is named
 here with the flag that asks for it. The checks read SGLang's own argument names (its parsed command line or a
 ServerArgs), as serving/portable_limits.py does for the portable model.
+
+The limits are one table (`limits()`, read by serving/limits_table.py's engine); docs/serving.md's list of them is
+generated from it (`python -m k3_sglang.serving.limits_table --write`).
 """
 
 from __future__ import annotations
 
-from k3_sglang.serving.portable_limits import GRAPH_PHASES, ParallelLimit, graph_backend
+from k3_sglang.serving.limits_table import AllowedValues, ParallelLimit, PlatformLimits, Rule, table_refusals
 from k3_sglang.dcp_mla import BACKEND_NAME as DCP_ATTENTION_BACKEND
 from k3_sglang.sglang_cpu import MLA_BACKEND_NAME as ATTENTION_BACKEND
 # SGLang field -> limit. Raise `supported` when a size has an end-to-end test on CPU.
@@ -28,35 +31,35 @@ SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
     "dp_size": ParallelLimit("--dp-size", 1, "data-parallel replicas", "not tested on CPU"),
 }
 # SGLang field -> (flag, values served on CPU, why). None stands for "SGLang's default".
-ALLOWED_VALUES: dict[str, tuple[str, tuple, str]] = {
-    "attention_backend": ("--attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
+ALLOWED_VALUES: dict[str, AllowedValues] = {
+    "attention_backend": AllowedValues("--attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
                           f"K3's MLA runs on the {ATTENTION_BACKEND} or {DCP_ATTENTION_BACKEND} backend on CPU"),
-    "decode_attention_backend": ("--decode-attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
+    "decode_attention_backend": AllowedValues("--decode-attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
                                  f"K3's MLA runs on the {ATTENTION_BACKEND} or {DCP_ATTENTION_BACKEND} backend on "
                                  "CPU"),
-    "prefill_attention_backend": ("--prefill-attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
+    "prefill_attention_backend": AllowedValues("--prefill-attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
                                   f"K3's MLA runs on the {ATTENTION_BACKEND} or {DCP_ATTENTION_BACKEND} backend on "
                                   "CPU"),
-    "mamba_radix_cache_strategy": ("--mamba-radix-cache-strategy", ("no_buffer", "extra_buffer"),
+    "mamba_radix_cache_strategy": AllowedValues("--mamba-radix-cache-strategy", ("no_buffer", "extra_buffer"),
                                    "extra_buffer_lazy is not exercised on CPU"),
-    "dcp_comm_backend": ("--dcp-comm-backend", (None, "ag_rs", "a2a"),
+    "dcp_comm_backend": AllowedValues("--dcp-comm-backend", (None, "ag_rs", "a2a"),
                          "fi_a2a needs FlashInfer's MNNVL all-to-all (Blackwell)"),
-    "linear_attn_backend": ("--linear-attn-backend", (None, "triton"),
+    "linear_attn_backend": AllowedValues("--linear-attn-backend", (None, "triton"),
                             "the CPU KDA kernel takes the place of SGLang's triton KDA kernel"),
-    "linear_attn_decode_backend": ("--linear-attn-decode-backend", (None, "triton"),
+    "linear_attn_decode_backend": AllowedValues("--linear-attn-decode-backend", (None, "triton"),
                                    "the CPU KDA kernel takes the place of SGLang's triton KDA kernel"),
-    "linear_attn_prefill_backend": ("--linear-attn-prefill-backend", (None, "triton"),
+    "linear_attn_prefill_backend": AllowedValues("--linear-attn-prefill-backend", (None, "triton"),
                                     "the CPU KDA kernel takes the place of SGLang's triton KDA kernel"),
-    "linear_attn_verify_backend": ("--linear-attn-verify-backend", (None, "triton"),
+    "linear_attn_verify_backend": AllowedValues("--linear-attn-verify-backend", (None, "triton"),
                                    "the CPU KDA kernel takes the place of SGLang's triton KDA kernel"),
-    "moe_runner_backend": ("--moe-runner-backend", (None, "auto", "triton"),
+    "moe_runner_backend": AllowedValues("--moe-runner-backend", (None, "auto", "triton"),
                            "the CPU MoE runner core serves SGLang's triton runner name"),
-    "moe_a2a_backend": ("--moe-a2a-backend", (None, "none"), "no all-to-all on CPU"),
-    "kv_cache_dtype": ("--kv-cache-dtype", (None, "auto"), "the CPU MLA backend keeps the model dtype"),
-    "dtype": ("--dtype", (None, "auto", "bfloat16", "float32"), "float16 has no tested CPU path"),
-    "disaggregation_mode": ("--disaggregation-mode", (None, "null", "prefill", "decode"),
+    "moe_a2a_backend": AllowedValues("--moe-a2a-backend", (None, "none"), "no all-to-all on CPU"),
+    "kv_cache_dtype": AllowedValues("--kv-cache-dtype", (None, "auto"), "the CPU MLA backend keeps the model dtype"),
+    "dtype": AllowedValues("--dtype", (None, "auto", "bfloat16", "float32"), "float16 has no tested CPU path"),
+    "disaggregation_mode": AllowedValues("--disaggregation-mode", (None, "null", "prefill", "decode"),
                             "PD runs over Mooncake TCP on CPU (tests/e2e/test_spec_pd_slow.py)"),
-    "speculative_algorithm": ("--speculative-algorithm", (None, "K3_CSV"),
+    "speculative_algorithm": AllowedValues("--speculative-algorithm", (None, "K3_CSV"),
                               "SGLang's own speculative workers (EAGLE, DSpark, NGRAM) have no CPU path; K3_CSV runs "
                               "on SGLang's verify contract there (docs/spec.md)"),
 }
@@ -71,46 +74,54 @@ MUST_BE_OFF: dict[str, tuple[str, str]] = {
 }
 
 
-def _value(args, field: str):
-    value = getattr(args, field, None)
-    return getattr(value, "value", value)  # enums (e.g. a resolved backend) compare by their string value
+MUST_BE_ON: dict[str, tuple[str, str]] = {
+    "disable_overlap_schedule": ("--disable-overlap-schedule",
+                                 "the overlap scheduler: SGLang's K3 on CPU runs with --disable-overlap-schedule (k3 "
+                                 "serve's default; the no_buffer KDA prefix cache needs it)"),
+}
+EAGER = "SGLang's K3 runs eagerly on CPU"
+
+
+def _dcp_prefix_cache(args) -> list[str]:
+    if (int(getattr(args, "dcp_size", 1) or 1) > 1 and _strategy(args) == "no_buffer"
+            and not getattr(args, "disable_radix_cache", False)):
+        return ["--mamba-radix-cache-strategy no_buffer under --dcp-size > 1: DCP's radix pages hold "
+                "page_size x dcp tokens and need the extra_buffer KDA snapshots (k3 serve's default there), "
+                "or --disable-radix-cache"]
+    return []
+
+
+def _strategy(args):
+    value = getattr(args, "mamba_radix_cache_strategy", None)
+    return getattr(value, "value", value)
+
+
+def _k3_csv(args) -> list[str]:
+    algorithm = getattr(args, "speculative_algorithm", None)
+    if str(getattr(algorithm, "value", algorithm)) != "K3_CSV":
+        return []
+    from k3_sglang.serving.portable_limits import spec_refusals
+
+    return spec_refusals(args, portable=False)
+
+
+RULES = (
+    Rule("`--mamba-radix-cache-strategy no_buffer` with the radix cache on under `--dcp-size` > 1 (DCP's radix pages "
+         "need extra_buffer's snapshots, `k3 serve`'s default there; or `--disable-radix-cache`)", _dcp_prefix_cache),
+    Rule("K3_CSV where [spec.md](spec.md) says it cannot run (the verify contract, PP with PD, "
+         "extra_buffer with the radix cache, fewer than 2 draft tokens, bad `K3_SPEC_*`)", _k3_csv),
+)
+
+
+def limits() -> PlatformLimits:
+    """SGLang's K3 on the k3_cpu platform, read from this module's tables at call time."""
+    return PlatformLimits("sglang-k3-cpu", "SGLang's K3 on the k3_cpu platform", SUPPORTED_PARALLEL_SIZES,
+                          "with SGLang's K3 on CPU", ALLOWED_VALUES, MUST_BE_OFF, MUST_BE_ON, EAGER, RULES)
 
 
 def refusals(args) -> list[str]:
     """Every reason SGLang's K3 cannot serve `args` (SGLang argument names) on the k3_cpu platform."""
-    reasons = []
-    for field, limit in SUPPORTED_PARALLEL_SIZES.items():
-        size = getattr(args, field, 1)
-        if size is not None and int(size) > limit.supported:
-            reasons.append(f"{limit.flag} {size}: {limit.what} with SGLang's K3 on CPU (supported: "
-                           f"{limit.supported}; {limit.why})")
-    for field, (flag, allowed, why) in ALLOWED_VALUES.items():
-        value = _value(args, field)
-        if value not in allowed:
-            shown = ", ".join(str(a) for a in allowed if a is not None) or "none"
-            reasons.append(f"{flag} {value}: {why} (served: {shown})")
-    if (int(getattr(args, "dcp_size", 1) or 1) > 1 and _value(args, "mamba_radix_cache_strategy") == "no_buffer"
-            and not getattr(args, "disable_radix_cache", False)):
-        reasons.append("--mamba-radix-cache-strategy no_buffer under --dcp-size > 1: DCP's radix pages hold "
-                       "page_size x dcp tokens and need the extra_buffer KDA snapshots (k3 serve's default there), "
-                       "or --disable-radix-cache")
-    if _value(args, "speculative_algorithm") == "K3_CSV":
-        from k3_sglang.serving.portable_limits import spec_refusals
-
-        reasons += spec_refusals(args, portable=False)
-    if not getattr(args, "disable_overlap_schedule", False):
-        reasons.append("the overlap scheduler: SGLang's K3 on CPU runs with --disable-overlap-schedule (k3 serve's "
-                       "default; the no_buffer KDA prefix cache needs it)")
-    for field, (flag, why) in MUST_BE_OFF.items():
-        if getattr(args, field, False):
-            reasons.append(f"{flag}: {why}")
-    for phase in GRAPH_PHASES:
-        backend = graph_backend(args, phase)
-        if backend != "disabled":
-            shown = backend or "SGLang's default: on"
-            reasons.append(f"CUDA graphs for {phase} ({shown}): SGLang's K3 runs eagerly on CPU "
-                           f"(--cuda-graph-backend-{phase} disabled, k3 serve's default there)")
-    return reasons
+    return table_refusals(limits(), args)
 
 
 def refusal_message(reasons: list[str]) -> str:

@@ -16,7 +16,6 @@ No Triton kernel runs: nothing here needs the Triton interpreter.
 """
 from __future__ import annotations
 
-import os
 
 from k3_sglang import platform_hooks
 from k3_sglang.dcp_mla import cpu_kernels
@@ -28,12 +27,11 @@ _KDA = "sglang.srt.layers.attention.linear.kda_backend"
 
 
 def active() -> bool:
-    """True on the k3_cpu platform when the portable model is not registered (SGLang's own K3 serves)."""
-    from k3_sglang.platform import PLATFORM_NAME
-    from k3_sglang.serving.model_choice import PORTABLE_PACKAGE
+    """True on the k3_cpu platform when SGLang's own K3 serves (serving/deployment.py's decision)."""
+    from k3_sglang.serving.deployment import current
 
-    return (os.environ.get("SGLANG_PLATFORM") == PLATFORM_NAME
-            and os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") != PORTABLE_PACKAGE)
+    deployment = current()
+    return deployment is not None and deployment.sglang_cpu
 
 
 def installed_hooks():

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from k3_sglang import PORTABLE_PACKAGE
+from k3_sglang.serving.deployment import current as current_deployment
 
 SCATTER_TARGET = "sglang.kernels.ops.mamba.mamba_state_scatter_triton.scatter_mamba_states_after_mtp_verify"
 # The architectures whose SGLang model classes (ours and SGLang's kimi_k3 EntryClass) verify into the contract.
@@ -70,12 +70,12 @@ def _architecture_refusal(architectures: list[str], where: str) -> list[str]:
 def contract_refusals(args, portable: bool | None = None) -> list[str]:
     """Every reason this server's model or backend does not honour the verify contract (SGLang argument names:
     model_path, attention_backend, decode_attention_backend); empty when it does. portable: the portable model
-    serves (None: read from SGLANG_EXTERNAL_MODEL_PACKAGE, as in a server process)."""
+    serves (None: the server process's deployment, K3_DEPLOYMENT)."""
     path = getattr(args, "model_path", None)
     architectures = model_architectures(path)
     reasons = [] if architectures is None else _architecture_refusal(architectures, f"--model-path {path}")
     if portable is None:
-        portable = os.environ.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE
+        portable = getattr(current_deployment(), "portable", False)
     if not portable:
         for field, flag in ATTENTION_BACKEND_FIELDS:
             value = getattr(args, field, None)

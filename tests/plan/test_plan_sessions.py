@@ -53,13 +53,18 @@ def test_default_state_pool_keeps_every_chunk_state_of_eight_paused_6k_sessions(
     (["--tp-size", "2", "--dcp-size", "2"], 4 * 48 + 5 * 128),
     (["--tp-size", "2", "--dcp-size", "2", "--mamba-track-interval", "1024"], 4 * 48 + 3 * 128),
     (["--mamba-radix-cache-strategy", "auto"], None),  # refused later by the portable limits, with the reason
-    (["--max-running-requests", "many"], None),
     (["--mamba-max-states-per-path", "0"], None),
 ])
 def test_cpu_state_slots_follow_the_command_line(tmp_path, extra, expected):
     argv = sglang_argv(tmp_path, "127.0.0.1", 1, extra, on_cpu=True)
     sizes = [argv[i + 1] for i, a in enumerate(argv) if a == "--max-mamba-cache-size"]
     assert sizes == ([] if expected is None else [str(expected)])
+
+
+def test_a_command_line_sglang_refuses_is_refused_when_parsed(tmp_path):
+    """The command line is parsed once, by SGLang's parser: a bad value is refused there, naming the flag."""
+    with pytest.raises(ValueError, match="--max-running-requests"):
+        sglang_argv(tmp_path, "127.0.0.1", 1, ["--max-running-requests", "many"], on_cpu=True)
 
 
 def test_user_state_pool_and_gpu_hosts_are_left_alone(tmp_path):
