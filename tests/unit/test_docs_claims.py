@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # K3_ names in the docs that are not settings: the algorithm, the GPU test switch, the rendered scripts' variables
 # and the switch `k3 serve` sets for its own SGLang plugins
-NOT_SETTINGS = {"K3_CSV", "K3_KERNEL_TESTS_ON_GPU", "K3_SERVE_ARGS", "K3_ROUTER_ARGS", "K3_SPEC_", "K3_SERVE_HOOKS"}
+NOT_SETTINGS = {"K3_CSV", "K3_KERNEL_TESTS_ON_GPU", "K3_SERVE_ARGS", "K3_ROUTER_ARGS", "K3_SPEC_", "K3_SERVE_HOOKS",
+                "K3_DEPLOYMENT"}
 
 
 def _dispatch_calls() -> set[str]:
