@@ -165,7 +165,7 @@ def tables() -> list[PlatformLimits]:
 
 
 def _served(values: tuple) -> str:
-    return ", ".join("SGLang's default" if v is None else f"`{v}`" for v in values)
+    return ", ".join("unset (SGLang's default)" if v is None else f"`{v}`" for v in values)
 
 
 def markdown(table: PlatformLimits) -> str:
