@@ -4,8 +4,11 @@ With no --model-path it builds the k3-tiny checkpoint once into the cache folder
 it on 127.0.0.1:30000. Which K3 runs (serving/model_choice.py): on CUDA, SGLang's own K3 model
 with the checkpoint's quantization, unless K3_MODEL_IMPL=portable or the checkpoint is the tiny
 one; on a host without CUDA, this repo's portable model on our CPU platform plugin. The portable
-model refuses, before anything starts, what it cannot serve (serving/portable_limits.py). Flags
-we do not know are passed to SGLang unchanged; our defaults apply only where the user gave none.
+model refuses, before anything starts, what it cannot serve (serving/portable_limits.py). The
+user's SGLang flags are parsed once into a `Deployment` (serving/deployment.py, a `--config` YAML
+included), which decides our defaults, the limits, the environment and, through K3_DEPLOYMENT, our
+plugins; the flags themselves are passed to SGLang unchanged, our defaults only for fields the user
+left unset.
 """
 
 from __future__ import annotations
