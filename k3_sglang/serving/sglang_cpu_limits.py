@@ -30,38 +30,32 @@ SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
     "moe_dp_size": ParallelLimit("--moe-dp-size", 1, "MoE data parallelism", "no CPU path"),
     "dp_size": ParallelLimit("--dp-size", 1, "data-parallel replicas", "not tested on CPU"),
 }
-# SGLang field -> (flag, values served on CPU, why). None stands for "SGLang's default".
+# SGLang field -> the values served on CPU (None stands for "SGLang's default") and why.
+_MLA = (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND)
+_MLA_WHY = f"K3's MLA runs on the {ATTENTION_BACKEND} or {DCP_ATTENTION_BACKEND} backend on CPU"
+_KDA_WHY = "the CPU KDA kernel takes the place of SGLang's triton KDA kernel"
 ALLOWED_VALUES: dict[str, AllowedValues] = {
-    "attention_backend": AllowedValues("--attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
-                          f"K3's MLA runs on the {ATTENTION_BACKEND} or {DCP_ATTENTION_BACKEND} backend on CPU"),
-    "decode_attention_backend": AllowedValues("--decode-attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
-                                 f"K3's MLA runs on the {ATTENTION_BACKEND} or {DCP_ATTENTION_BACKEND} backend on "
-                                 "CPU"),
-    "prefill_attention_backend": AllowedValues("--prefill-attention-backend", (None, ATTENTION_BACKEND, DCP_ATTENTION_BACKEND),
-                                  f"K3's MLA runs on the {ATTENTION_BACKEND} or {DCP_ATTENTION_BACKEND} backend on "
-                                  "CPU"),
+    "attention_backend": AllowedValues("--attention-backend", _MLA, _MLA_WHY),
+    "decode_attention_backend": AllowedValues("--decode-attention-backend", _MLA, _MLA_WHY),
+    "prefill_attention_backend": AllowedValues("--prefill-attention-backend", _MLA, _MLA_WHY),
     "mamba_radix_cache_strategy": AllowedValues("--mamba-radix-cache-strategy", ("no_buffer", "extra_buffer"),
-                                   "extra_buffer_lazy is not exercised on CPU"),
+                                                "extra_buffer_lazy is not exercised on CPU"),
     "dcp_comm_backend": AllowedValues("--dcp-comm-backend", (None, "ag_rs", "a2a"),
-                         "fi_a2a needs FlashInfer's MNNVL all-to-all (Blackwell)"),
-    "linear_attn_backend": AllowedValues("--linear-attn-backend", (None, "triton"),
-                            "the CPU KDA kernel takes the place of SGLang's triton KDA kernel"),
-    "linear_attn_decode_backend": AllowedValues("--linear-attn-decode-backend", (None, "triton"),
-                                   "the CPU KDA kernel takes the place of SGLang's triton KDA kernel"),
-    "linear_attn_prefill_backend": AllowedValues("--linear-attn-prefill-backend", (None, "triton"),
-                                    "the CPU KDA kernel takes the place of SGLang's triton KDA kernel"),
-    "linear_attn_verify_backend": AllowedValues("--linear-attn-verify-backend", (None, "triton"),
-                                   "the CPU KDA kernel takes the place of SGLang's triton KDA kernel"),
+                                      "fi_a2a needs FlashInfer's MNNVL all-to-all (Blackwell)"),
+    "linear_attn_backend": AllowedValues("--linear-attn-backend", (None, "triton"), _KDA_WHY),
+    "linear_attn_decode_backend": AllowedValues("--linear-attn-decode-backend", (None, "triton"), _KDA_WHY),
+    "linear_attn_prefill_backend": AllowedValues("--linear-attn-prefill-backend", (None, "triton"), _KDA_WHY),
+    "linear_attn_verify_backend": AllowedValues("--linear-attn-verify-backend", (None, "triton"), _KDA_WHY),
     "moe_runner_backend": AllowedValues("--moe-runner-backend", (None, "auto", "triton"),
-                           "the CPU MoE runner core serves SGLang's triton runner name"),
+                                        "the CPU MoE runner core serves SGLang's triton runner name"),
     "moe_a2a_backend": AllowedValues("--moe-a2a-backend", (None, "none"), "no all-to-all on CPU"),
     "kv_cache_dtype": AllowedValues("--kv-cache-dtype", (None, "auto"), "the CPU MLA backend keeps the model dtype"),
     "dtype": AllowedValues("--dtype", (None, "auto", "bfloat16", "float32"), "float16 has no tested CPU path"),
     "disaggregation_mode": AllowedValues("--disaggregation-mode", (None, "null", "prefill", "decode"),
-                            "PD runs over Mooncake TCP on CPU (tests/e2e/test_spec_pd_slow.py)"),
+                                         "PD runs over Mooncake TCP on CPU (tests/e2e/test_spec_pd_slow.py)"),
     "speculative_algorithm": AllowedValues("--speculative-algorithm", (None, "K3_CSV"),
-                              "SGLang's own speculative workers (EAGLE, DSpark, NGRAM) have no CPU path; K3_CSV runs "
-                              "on SGLang's verify contract there (docs/spec.md)"),
+                                           "SGLang's own speculative workers (EAGLE, DSpark, NGRAM) have no CPU path; "
+                                           "K3_CSV runs on SGLang's verify contract there (docs/spec.md)"),
 }
 # SGLang boolean fields that must stay off: flag, why.
 MUST_BE_OFF: dict[str, tuple[str, str]] = {
