@@ -25,8 +25,7 @@ of them is generated from it (`python -m k3_sglang.serving.limits_table --write`
 from __future__ import annotations
 
 from k3_sglang.serving.deployment import parse_sglang_argv  # noqa: F401 - re-exported (tests, bench scripts)
-from k3_sglang.serving.limits_table import (  # noqa: F401 - GRAPH_PHASES, graph_backend re-exported
-    GRAPH_PHASES, AllowedValues, ParallelLimit, PlatformLimits, Rule, graph_backend, table_refusals)
+from k3_sglang.serving.limits_table import AllowedValues, ParallelLimit, PlatformLimits, Rule, table_refusals
 
 # SGLang field -> limit (PP: k3_sglang/parallel/pipeline.py). Raise `supported` here when the model gets a size.
 SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {

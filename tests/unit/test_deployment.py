@@ -135,3 +135,21 @@ def test_no_deployment_where_k3_is_not_in_play():
     assert current({}) is None
     assert current({"SGLANG_PLATFORM": "k3_cpu"}).sglang_cpu  # a k3_cpu server started by hand
     assert current({"SGLANG_EXTERNAL_MODEL_PACKAGE": "k3_sglang.models"}).portable
+
+
+def test_the_launcher_checks_the_deployment_it_was_handed(monkeypatch, tmp_path, capsys):
+    """serving/launch.py picks the limits table from K3_DEPLOYMENT (here the portable model on CUDA, no
+    SGLANG_EXTERNAL_MODEL_PACKAGE exported), and re-checks SGLang's prepared ServerArgs, a --config file included."""
+    from k3_sglang.serving import launch
+
+    monkeypatch.setenv(ENV_VAR, Deployment(model="portable", platform="cuda").to_json())
+    monkeypatch.delenv("SGLANG_PLATFORM", raising=False)
+    monkeypatch.delenv("SGLANG_EXTERNAL_MODEL_PACKAGE", raising=False)
+    monkeypatch.setattr("sglang.srt.plugins.load_plugins", lambda: None)
+    config = tmp_path / "server.yaml"
+    config.write_text("pp-size: 8\ncuda-graph-backend-decode: disabled\ncuda-graph-backend-prefill: disabled\n")
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--model-path", str(tmp_path), "--config", str(config)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "the portable K3 model (k3_sglang.models) cannot serve" in err and "--pp-size 8" in err
