@@ -12,7 +12,7 @@ One model per process kind: `ServeSettings` (serving/settings.py) for the `k3 se
 scheduler), `HiCacheSettings` (hicache/settings.py, SGLang's scheduler), `GuardSettings` (sglang_guard.py, every K3 process:
 K3_ALLOW_SGLANG_VERSION). The router, planner and launch renderer read no environment (their input is flags and YAML).
 Two variables are not settings but `k3 serve`'s hand-off to its server processes: K3_DEPLOYMENT (the deployment
-decision as JSON, serving/deployment.py) and K3_SERVE_HOOKS.
+decision as JSON, k3_sglang/deployment.py) and K3_SERVE_HOOKS.
 """
 from __future__ import annotations
 

@@ -40,8 +40,8 @@ DECODE_PREP_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_f
 
 
 def on_k3_cpu() -> bool:
-    """True when SGLang runs on our CPU platform (either K3 model; serving/deployment.py's decision)."""
-    from k3_sglang.serving.deployment import current
+    """True when SGLang runs on our CPU platform (either K3 model; k3_sglang/deployment.py's decision)."""
+    from k3_sglang.deployment import current
 
     deployment = current()
     return deployment is not None and deployment.on_cpu
@@ -49,7 +49,7 @@ def on_k3_cpu() -> bool:
 
 def active() -> bool:
     """True when SGLang runs on our CPU platform with the portable model (what `k3 serve` sets on CPU)."""
-    from k3_sglang.serving.deployment import current
+    from k3_sglang.deployment import current
 
     deployment = current()
     return deployment is not None and deployment.on_cpu and deployment.portable

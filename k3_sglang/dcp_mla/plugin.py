@@ -16,7 +16,7 @@ from k3_sglang.sglang_guard import sglang_plugin
 def active() -> bool:
     """True where `k3 serve` started SGLang's own K3 on a GPU host (its deployment: model sglang, platform cuda);
     plain `sglang serve` in the same environment is left alone."""
-    from k3_sglang.serving.deployment import current
+    from k3_sglang.deployment import current
 
     deployment = current()
     return deployment is not None and not deployment.portable and not deployment.on_cpu

@@ -26,7 +26,7 @@ import socket
 import tempfile
 
 from k3_sglang.hicache.host_sizing import HostTier, host_tier
-from k3_sglang.serving.deployment import Deployment, coerce
+from k3_sglang.deployment import Deployment, coerce
 
 HICACHE_FLAGS = ("--enable-hierarchical-cache", "--enable-hicache")
 CPU_HICACHE_DEFAULTS = {"--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct"}

@@ -5,7 +5,7 @@ it on 127.0.0.1:30000. Which K3 runs (serving/model_choice.py): on CUDA, SGLang'
 with the checkpoint's quantization, unless K3_MODEL_IMPL=portable or the checkpoint is the tiny
 one; on a host without CUDA, this repo's portable model on our CPU platform plugin. The portable
 model refuses, before anything starts, what it cannot serve (serving/portable_limits.py). The
-user's SGLang flags are parsed once into a `Deployment` (serving/deployment.py, a `--config` YAML
+user's SGLang flags are parsed once into a `Deployment` (k3_sglang/deployment.py, a `--config` YAML
 included), which decides our defaults, the limits, the environment and, through K3_DEPLOYMENT, our
 plugins; the flags themselves are passed to SGLang unchanged, our defaults only for fields the user
 left unset.
@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from k3_sglang.serving.deployment import Deployment
+from k3_sglang.deployment import Deployment
 from k3_sglang.serving.kv_events_config import KvEventsSettings, hooks_env, kv_events_flags
 from k3_sglang.hicache.host_sizing import mem_available_bytes
 from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags, cpu_host_tier

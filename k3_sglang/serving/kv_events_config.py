@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from k3_sglang.env_settings import EnvModel
-from k3_sglang.serving.deployment import Deployment, coerce
+from k3_sglang.deployment import Deployment, coerce
 from k3_sglang.net import free_port_block
 
 KV_EVENTS_FLAG = "--kv-events-config"

@@ -1,7 +1,7 @@
 """Process entry of `k3 serve`: SGLang's HTTP server with our request guard and a ready line.
 
 Run as `python -m k3_sglang.serving.launch <sglang args>` with the environment `k3 serve` composed (its
-decision in `K3_DEPLOYMENT`, serving/deployment.py; SGLANG_EXTERNAL_MODEL_PACKAGE for the portable model,
+decision in `K3_DEPLOYMENT`, k3_sglang/deployment.py; SGLANG_EXTERNAL_MODEL_PACKAGE for the portable model,
 SGLANG_PLATFORM=k3_cpu on CPU). When the portable model serves, or SGLang's own K3 runs on the k3_cpu platform, the
 parsed ServerArgs (a `--config` file included) are checked again against the same limits table before any server
 starts (serving/limits_table.py): exit code 2 and the reasons, as `k3 serve` gives them.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from k3_sglang.serving import deployment as deployment_decision
+from k3_sglang import deployment as deployment_decision
 from k3_sglang.serving.guards import RequestGuard, SampleLimits
 from k3_sglang.serving.limits_table import deployment_refusals, refusal_message
 from k3_sglang.serving.retention import RetentionSettings

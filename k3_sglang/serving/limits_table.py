@@ -7,7 +7,7 @@ documented function). The tables live beside their model: `serving/sglang_cpu_li
 platform) and `serving/portable_limits.py` (the portable model, on any device). On CUDA, SGLang's K3 checks its own
 arguments; only K3_CSV's verify contract is ours there (`spec/contract.py`).
 
-`deployment_refusals` picks the table from the `Deployment` (serving/deployment.py) and lists every reason at once;
+`deployment_refusals` picks the table from the `Deployment` (k3_sglang/deployment.py) and lists every reason at once;
 `k3 serve` and `serving/launch.py` both call it. `python -m k3_sglang.serving.limits_table` prints the markdown of
 every table; `--write` puts it into docs/serving.md between the `<!-- limits:KEY:begin/end -->` markers (a test keeps
 them equal).

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from k3_sglang.serving.deployment import Deployment, coerce
+from k3_sglang.deployment import Deployment, coerce
 
 PD_MODES = ("prefill", "decode")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")

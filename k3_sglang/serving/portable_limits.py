@@ -17,14 +17,14 @@ deep inside a rank) and are refused with one message listing every reason:
 - CUDA graphs in either phase (decode gathers sized on the host, Python loops over requests).
 
 The checks read SGLang's own argument names, so they apply to SGLang's parsed command line (the `Deployment`'s,
-serving/deployment.py: what `k3 serve` checks) and to a ServerArgs (what serving/launch.py re-checks in the server
+k3_sglang/deployment.py: what `k3 serve` checks) and to a ServerArgs (what serving/launch.py re-checks in the server
 process). The limits are one table (`limits()`, read by serving/limits_table.py's engine); docs/serving.md's list
 of them is generated from it (`python -m k3_sglang.serving.limits_table --write`).
 """
 
 from __future__ import annotations
 
-from k3_sglang.serving.deployment import parse_sglang_argv  # noqa: F401 - re-exported (tests, bench scripts)
+from k3_sglang.deployment import parse_sglang_argv  # noqa: F401 - re-exported (tests, bench scripts)
 from k3_sglang.serving.limits_table import AllowedValues, ParallelLimit, PlatformLimits, Rule, table_refusals
 
 # SGLang field -> limit (PP: k3_sglang/parallel/pipeline.py). Raise `supported` here when the model gets a size.

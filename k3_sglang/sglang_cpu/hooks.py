@@ -27,8 +27,8 @@ _KDA = "sglang.srt.layers.attention.linear.kda_backend"
 
 
 def active() -> bool:
-    """True on the k3_cpu platform when SGLang's own K3 serves (serving/deployment.py's decision)."""
-    from k3_sglang.serving.deployment import current
+    """True on the k3_cpu platform when SGLang's own K3 serves (k3_sglang/deployment.py's decision)."""
+    from k3_sglang.deployment import current
 
     deployment = current()
     return deployment is not None and deployment.sglang_cpu

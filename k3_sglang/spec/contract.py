@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from k3_sglang.serving.deployment import current as current_deployment
+from k3_sglang.deployment import current as current_deployment
 
 SCATTER_TARGET = "sglang.kernels.ops.mamba.mamba_state_scatter_triton.scatter_mamba_states_after_mtp_verify"
 # The architectures whose SGLang model classes (ours and SGLang's kimi_k3 EntryClass) verify into the contract.

@@ -1,4 +1,4 @@
-"""One deployment decision (serving/deployment.py): the command line parsed once by SGLang's parser, a `--config` YAML
+"""One deployment decision (k3_sglang/deployment.py): the command line parsed once by SGLang's parser, a `--config` YAML
 seen exactly as the same flags, our defaults yielding to either, and the decision handed to the server processes in
 K3_DEPLOYMENT, which the plugins read."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from k3_sglang.cli import main
 from k3_sglang.serving.cli import compose, serving_env
-from k3_sglang.serving.deployment import ENV_VAR, Deployment, current, parse_sglang_argv
+from k3_sglang.deployment import ENV_VAR, Deployment, current, parse_sglang_argv
 
 FLAGS = ["--tp-size", "2", "--dcp-size", "2", "--pp-size", "2", "--speculative-algorithm", "K3_CSV",
          "--disaggregation-mode", "prefill", "--enable-hierarchical-cache", "--chunked-prefill-size", "1024",

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from k3_sglang.serving import limits_table
-from k3_sglang.serving.deployment import parse_sglang_argv
+from k3_sglang.deployment import parse_sglang_argv
 
 
 def test_serving_md_carries_every_limits_table():
