@@ -28,7 +28,6 @@ import tempfile
 from k3_sglang.hicache.host_sizing import HostTier, host_tier
 from k3_sglang.deployment import Deployment, coerce
 
-HICACHE_FLAGS = ("--enable-hierarchical-cache", "--enable-hicache")
 CPU_HICACHE_DEFAULTS = {"--hicache-io-backend": "direct", "--hicache-mem-layout": "page_first_direct"}
 # SGLang's own cache-mode default, given explicitly: without it SGLang sizes the host tier from free memory after a
 # 10 GiB reserve and refuses to start on a 24 GB machine with less than that free.

@@ -159,8 +159,7 @@ def _deployment(extra, on_cpu: bool, portable: bool, model_path=None) -> Deploym
 
 
 def our_defaults(d: Deployment) -> tuple[dict[str, str], tuple[str, ...]]:
-    """The valued defaults and the switches `k3 serve` adds for this deployment (before the user's own flags are
-    taken out)."""
+    """`k3 serve`'s defaults for this deployment: valued flags and switches (`compose` leaves out each the user set)."""
     defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if d.portable else {}),
                 **(SGLANG_CPU_DEFAULTS if d.sglang_cpu else {}), **(CPU_DEFAULTS if d.on_cpu else {})}
     dcp_flags: tuple[str, ...] = ()
@@ -198,13 +197,12 @@ def compose(model_path: Path, host: str, port: int, d: Deployment,
     return argv, served
 
 
-def sglang_argv(model_path: Path, host: str, port: int, extra: Deployment | list[str], on_cpu: bool = True,
+def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu: bool = True,
                 portable: bool = True, own_flags: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """SGLang's command line: ours (host, port, the defaults the user did not override, `own_flags`), then the
-    user's flags. extra: the user's flags, or their Deployment (which then decides model and platform)."""
-    d = _deployment(extra, on_cpu, portable, model_path)
-    user = list(extra) if not isinstance(extra, Deployment) else []
-    return compose(model_path, host, port, d, own_flags)[0] + user
+    """SGLang's command line for the user's flags `extra` (parsed once into a Deployment of this model and
+    platform): ours (host, port, the defaults the user did not set, `own_flags`), then the user's flags."""
+    d = _deployment(list(extra), on_cpu, portable, model_path)
+    return compose(model_path, host, port, d, own_flags)[0] + list(extra)
 
 
 def cpu_state_slots(args) -> int | None:
