@@ -163,6 +163,8 @@ REGISTRIES = (
      "k3_sglang.serving.kv_events_curve"),
     ("request guard middleware", "http_server.app.add_middleware (FastAPI)", "k3_sglang.serving.launch"),
     ("ready line", "http_server.launch_server(..., launch_callback=...)", "k3_sglang.serving.launch"),
+    ("MLA KV pool reading CPU rows in torch", "SRTPlatform.get_kv_pool_cls(kind='mla')", "k3_sglang.platform_cpu"),
+    ("compressed-tensors config accepting float32", "SRTPlatform.get_quantization_config", "k3_sglang.platform_cpu"),
 )
 
 

@@ -158,6 +158,12 @@ REACHES = (
           "get_kv_pool_cls(kind='mla')",
           fingerprint=("sglang.srt.mem_cache.memory_pool.MLATokenToKVPool.get_mla_kv_buffer",
                        "sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls")),
+    Reach("sglang.srt.layers.quantization.compressed_tensors.compressed_tensors.CompressedTensorsConfig", "SUBCLASS",
+          "k3_sglang.sglang_cpu.quant_config", "public", "tests/unit/test_sglang_cpu_hooks.py",
+          "the k3_cpu platform's compressed-tensors config (float32 activations accepted), through SRTPlatform."
+          "get_quantization_config",
+          fingerprint=("sglang.srt.layers.quantization.compressed_tensors.compressed_tensors.CompressedTensorsConfig"
+                       ".get_supported_act_dtypes", "sglang.srt.layers.quantization.get_quantization_config")),
     Reach("sglang.srt.platforms.interface.SRTPlatform", "SUBCLASS", "k3_sglang.platform_cpu", "public",
           "tests/unit/test_server_process.py", "the k3_cpu platform, through the sglang.srt.platforms entry point"),
     Reach("sglang.srt.platforms.cpu.CpuDeviceMixin", "SUBCLASS", "k3_sglang.platform_cpu", "public",
