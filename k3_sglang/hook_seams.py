@@ -97,8 +97,8 @@ NO_PUBLIC_SEAM: dict[str, str] = {
         "SGLang's MXFP4 MoE method imports triton_kernels' upcast inside `process_weights_after_loading`; "
         "`get_quantization_config` would need a copy of that whole method, and `post_load_model` comes after it",
     f"{_KDA}.KDAKernelDispatcher.__init__":
-        "`--linear-attn-*-backend custom` is accepted by the enum but raises 'no custom KDA kernel is registered "
-        "yet': the dispatcher has no kernel registry",
+        "attention_registry builds KDAAttnBackend by name for Kimi configs, and its dispatcher has no kernel "
+        "registry: `--linear-attn-verify-backend custom` raises 'no custom KDA verify kernel is registered yet'",
     f"{_KDA}.causal_conv1d_fn":
         "kda_backend binds causal_conv1d_fn from the Triton module at import, with NPU/`is_cpu()` overrides only for "
         "the update; no platform or registry picks the prefill conv",
