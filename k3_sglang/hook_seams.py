@@ -63,8 +63,8 @@ NO_PUBLIC_SEAM: dict[str, str] = {
         "it takes torch only under `_is_cpu` (SGLANG_USE_CPU_ENGINE), Triton otherwise; "
         "`SRTPlatform.get_speculative_cache_locs_fn` exists but no caller in 0.5.23 reads it",
     "sglang.kernels.ops.mamba.mamba_state_scatter_triton.scatter_mamba_states_after_mtp_verify":
-        "the post-verify state scatter calls its fused Triton scatters unconditionally; the speculative registry "
-        "(CustomSpecAlgo) lets a worker be ours but not this shared commit step",
+        "the post-verify state scatter calls its fused Triton scatters unconditionally, from SGLang's hybrid linear "
+        "attention backend; a registered spec worker (CustomSpecAlgo) does not own that commit step",
     "sglang.srt.arg_groups.validation_hook.check_pipeline_parallel_compat":
         "the PP validation asserts EAGLE by name for any speculative algorithm; `CustomSpecAlgo.handle_server_args` "
         "is a separate step that cannot relax that assert",
@@ -75,11 +75,11 @@ NO_PUBLIC_SEAM: dict[str, str] = {
         "the PP relay's tensor layout is fixed to EAGLE's fields (accept lens, draft top-k); CustomSpecAlgo has no "
         "relay serializer to register",
     f"{_PP}.SchedulerPPMixin._pp_prep_batch_result":
-        "it unpacks the relayed dict in place on every stage; no seam lets an algorithm keep its packed copy for "
-        "forwarding around the ring",
+        "it reads the relayed speculative entries by EAGLE's per-tensor names; with no relay codec slot, K3_CSV's "
+        "one packed tensor must be unpacked into a copy just before it",
     f"{_PP}.SchedulerPPMixin._pp_launch_batch":
-        "the PP microbatch launch calls the worker directly; the speculative worker factory (`create_worker`) is "
-        "not consulted for the launch context or the plan's send",
+        "CustomSpecAlgo's methods (create_worker, handle_server_args, ...) are consulted at start-up, not when a PP "
+        "microbatch launches or its proxy is sent on, where K3_CSV's plan must ride",
     f"{_PP}.SchedulerPPMixin._pp_spec_rebuild_verify_input":
         "the relay rebuilds an EAGLE tree verify input on earlier stages; no spec-registry method builds a custom "
         "algorithm's verify input there",
@@ -138,8 +138,8 @@ NO_PUBLIC_SEAM: dict[str, str] = {
         "the host budget subtracts the module constant HICACHE_HOST_MEMORY_RESERVE_BYTES (10 GiB); no server "
         "argument, environment variable or platform method sets it",
     "sglang.srt.managers.cache_controller.storage_model_name":
-        "storage backends key L3 objects on the model name plus a pool tag only; `--hicache-storage-backend-extra-"
-        "config` cannot add a checkpoint digest to the key",
+        "storage backends key L3 objects on this name plus TP/PP ranks (hicache_storage.py's `_{model}_{rank}_"
+        "{size}` suffix); nothing else that wrote them (checkpoint, page size, DCP, version) reaches the key",
     f"{_POOL_HOST}.mamba.MambaPoolHost.load_to_device_per_layer":
         "tests' sabotage only (K3_HICACHE_FAULT): a fault injected inside SGLang's own restore path, which no "
         "public seam exposes by design",
