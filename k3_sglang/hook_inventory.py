@@ -24,6 +24,7 @@ class HookSet:
     when: str
     hooks: Callable[[], list[tuple[str, Callable, str]]]
     drift_test: str
+    portable_only: bool = False  # needed only by the portable model (retires with issue 37)
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,8 @@ class Hook:
     owner: str
     when: str
     drift_test: str
-
-
-def _launch_hooks():
-    from k3_sglang.serving import launch
-
-    return [(launch.READY_LINE_TARGET, launch.launch_with_ready_line, "REPLACE")]
+    no_seam: str = ""  # why no public SGLang seam serves it (k3_sglang/hook_seams.py; required for REPLACE/AROUND)
+    portable_only: bool = False
 
 
 def _spec_hooks():
@@ -120,9 +117,8 @@ def _step_timing_hooks():
 
 
 HOOK_SETS = (
-    HookSet("k3_sglang.serving.launch", "every `k3 serve` process", _launch_hooks, "tests/unit/test_hook_inventory.py"),
     HookSet("k3_sglang.platform_hooks", "k3_cpu platform, portable model", _portable_dcp_hooks,
-            "tests/unit/test_platform_hooks.py"),
+            "tests/unit/test_platform_hooks.py", portable_only=True),
     HookSet("k3_sglang.platform_hooks", "k3_cpu platform, either model", _platform_hooks,
             "tests/unit/test_platform_hooks.py"),
     HookSet("k3_sglang.spec.plugin", "k3_cpu platform, either model", _spec_hooks,
@@ -166,6 +162,9 @@ REGISTRIES = (
     ("KV events publisher `k3_zmq_curve` (CURVE off loopback)", "EventPublisherFactory.register_publisher",
      "k3_sglang.serving.kv_events_curve"),
     ("request guard middleware", "http_server.app.add_middleware (FastAPI)", "k3_sglang.serving.launch"),
+    ("ready line", "http_server.launch_server(..., launch_callback=...)", "k3_sglang.serving.launch"),
+    ("MLA KV pool reading CPU rows in torch", "SRTPlatform.get_kv_pool_cls(kind='mla')", "k3_sglang.platform_cpu"),
+    ("compressed-tensors config accepting float32", "SRTPlatform.get_quantization_config", "k3_sglang.platform_cpu"),
 )
 
 
@@ -177,7 +176,10 @@ def _why(fn: Callable) -> str:
 
 def all_hooks() -> list[Hook]:
     """Every hook of every set, in registration order within a set."""
-    return [Hook(target, kind, _why(fn), s.owner, s.when, s.drift_test)
+    from k3_sglang.hook_seams import owned_by_portable_model, reason
+
+    return [Hook(target, kind, _why(fn), s.owner, s.when, s.drift_test, reason(target),
+                 s.portable_only or owned_by_portable_model(s.owner))
             for s in HOOK_SETS for target, fn, kind in s.hooks()]
 
 
@@ -187,10 +189,14 @@ def _short(target: str) -> str:
 
 def markdown() -> str:
     """The hook table and the why of each hook, as docs/architecture.md carries them."""
-    rows = ["| # | target (SGLang 0.5.23) | kind | owner | when | drift test |", "|---|---|---|---|---|---|"]
+    from k3_sglang.hook_seams import RETIRES
+
+    rows = ["| # | target (SGLang 0.5.23) | kind | owner | when | drift test | no public seam because |",
+            "|---|---|---|---|---|---|---|"]
     hooks = all_hooks()
     for i, h in enumerate(hooks, 1):
-        rows.append(f"| {i} | `{h.target}` | {h.kind} | `{h.owner}` | {h.when} | `{h.drift_test}` |")
+        when = f"{h.when}; **{RETIRES}**" if h.portable_only else h.when
+        rows.append(f"| {i} | `{h.target}` | {h.kind} | `{h.owner}` | {when} | `{h.drift_test}` | {h.no_seam or '-'} |")
     rows += ["", "Why each one:", ""]
     rows += [f"{i}. `{_short(h.target)}`: {h.why}" for i, h in enumerate(hooks, 1)]
     return "\n".join(rows + [""] + _reach_rows() + [""] + _registry_rows() + [""] + [counts_line()])
@@ -207,7 +213,10 @@ def _reach_rows() -> list[str]:
     rows = ["Other reaches into SGLang (attributes swapped or bound, private names, subclasses, environment, "
             "arguments bound by name):", "", "| # | target | kind | seam | owner | test | why |",
             "|---|---|---|---|---|---|---|"]
-    rows += [f"| R{i} | `{r.target}` | {r.kind} | {r.seam} | `{r.owner}` | `{r.test}` | {r.why} |"
+    from k3_sglang.hook_seams import RETIRES, owned_by_portable_model
+
+    rows += [f"| R{i} | `{r.target}` | {r.kind} | {r.seam} | `{r.owner}` | `{r.test}` | {r.why}"
+             f"{f'; **{RETIRES}**' if r.portable_only or owned_by_portable_model(r.owner) else ''} |"
              for i, r in enumerate(reaches(), 1)]
     return rows
 
@@ -218,12 +227,17 @@ def _registry_rows() -> list[str]:
     return rows
 
 
+TARGET_GOAL = 40  # issue 38: hooked targets once the portable model retires (issue 37)
+
+
 def counts() -> dict[str, int]:
     """Rows by seam: every HookRegistry hook patches a private internal; reaches carry their own seam; every registry
     row is a public seam."""
     hooks = all_hooks()
     rs = reaches()
+    kept = {h.target for h in hooks if not h.portable_only}
     return {"hooks": len(hooks), "hooked_targets": len({h.target for h in hooks}),
+            "hooked_targets_after_portable": len(kept),
             "reaches_public": sum(r.seam == "public" for r in rs),
             "reaches_private": sum(r.seam == "private" for r in rs), "registries": len(REGISTRIES)}
 
@@ -234,7 +248,8 @@ def counts_line() -> str:
     private = c["hooks"] + c["reaches_private"]
     return (f"Counts: {public} public seams ({c['registries']} extension points, {c['reaches_public']} reaches) and "
             f"{private} private internals ({c['hooks']} hooks on {c['hooked_targets']} distinct targets, "
-            f"{c['reaches_private']} reaches).")
+            f"{c['reaches_private']} reaches). Hooked targets now: {c['hooked_targets']}; after the portable model "
+            f"retires: {c['hooked_targets_after_portable']} (goal: at most {TARGET_GOAL}).")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,21 @@ class K3CpuPlatform(CpuDeviceMixin, SRTPlatform):
     def is_pin_memory_available(self, device=None) -> bool:
         return False
 
+    def get_kv_pool_cls(self, *, kind):
+        """SGLang's MLA pool with a torch row read on CPU (sglang_cpu/mla_pool.py); the in-tree class otherwise."""
+        if kind == "mla":
+            from k3_sglang.sglang_cpu.mla_pool import K3CpuMLATokenToKVPool
+
+            return K3CpuMLATokenToKVPool
+        return None
+
+    def get_quantization_config(self, quantization: str):
+        """SGLang's compressed-tensors config accepting float32 activations (sglang_cpu/quant_config.py); SGLang's
+        own config for every other method."""
+        from k3_sglang.sglang_cpu.quant_config import METHOD, K3CpuCompressedTensorsConfig
+
+        return K3CpuCompressedTensorsConfig if quantization == METHOD else None
+
     def support_mamba_cache_extra_buffer(self) -> bool:
         # The portable KDA layer writes SGLang's track-slot snapshots itself (k3_sglang/model/kda_snapshot.py);
         # the scheduler's one pinned copy on that path is made pageable by platform_hooks (hook 4).

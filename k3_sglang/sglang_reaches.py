@@ -30,6 +30,7 @@ class Reach:
     test: str
     why: str
     fingerprint: tuple[str, ...] | None = None
+    portable_only: bool = False  # needed only by the portable model (retires with issue 37)
 
     @property
     def owners(self) -> tuple[str, ...]:
@@ -106,6 +107,11 @@ REACHES = (
     Reach("sglang.srt.layers.dcp.planner.prepare_decode_context_parallel_metadata", "SIGNATURE_BIND",
           "k3_sglang.dcp_mla.cpu_kernels", "private", "tests/unit/test_sglang_fingerprints.py",
           "its 11 arguments bound by SGLang's own parameter names (inspect.signature), never by position"),
+    Reach("sglang.srt.entrypoints.http_server.launch_server", "SIGNATURE_BIND", "k3_sglang.serving.launch", "public",
+          "tests/unit/test_hook_inventory.py",
+          "called as run_server's default HTTP mode does, with its public launch_callback keyword (the ready line); "
+          "run_server's mode flags are read to send every other mode to run_server itself",
+          fingerprint=("sglang.srt.entrypoints.http_server.launch_server", "sglang.launch_server.run_server")),
     # -- attributes added to SGLang objects, fields written ----------------------------------------------------------
     Reach(f"{_URC}._k3_kda_event_log", "ATTR_ADD", "k3_sglang.serving.kv_event_hooks", "private", T_KV,
           "per-cache log of KDA checkpoint events, kept in the cache object's __dict__", (_URC,)),
@@ -146,13 +152,25 @@ REACHES = (
           "the k3_dcp_mla and k3_cpu_mla backends, through SGLang's attention registry"),
     Reach("sglang.srt.layers.moe.moe_runner.base.DispatchMoeRunnerCore", "SUBCLASS", "k3_sglang.sglang_cpu.moe_runner",
           "public", T_CPU, "the CPU MoE runner core, through register_moe_runner_core"),
+    Reach("sglang.srt.mem_cache.memory_pool.MLATokenToKVPool", "SUBCLASS", "k3_sglang.sglang_cpu.mla_pool", "public",
+          "tests/model/test_dcp_cpu_kernels.py",
+          "the k3_cpu platform's MLA pool (get_mla_kv_buffer reads CPU rows in torch), through SRTPlatform."
+          "get_kv_pool_cls(kind='mla')",
+          fingerprint=("sglang.srt.mem_cache.memory_pool.MLATokenToKVPool.get_mla_kv_buffer",
+                       "sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls")),
+    Reach("sglang.srt.layers.quantization.compressed_tensors.compressed_tensors.CompressedTensorsConfig", "SUBCLASS",
+          "k3_sglang.sglang_cpu.quant_config", "public", "tests/unit/test_sglang_cpu_hooks.py",
+          "the k3_cpu platform's compressed-tensors config (float32 activations accepted), through SRTPlatform."
+          "get_quantization_config",
+          fingerprint=("sglang.srt.layers.quantization.compressed_tensors.compressed_tensors.CompressedTensorsConfig"
+                       ".get_supported_act_dtypes", "sglang.srt.layers.quantization.get_quantization_config")),
     Reach("sglang.srt.platforms.interface.SRTPlatform", "SUBCLASS", "k3_sglang.platform_cpu", "public",
           "tests/unit/test_server_process.py", "the k3_cpu platform, through the sglang.srt.platforms entry point"),
     Reach("sglang.srt.platforms.cpu.CpuDeviceMixin", "SUBCLASS", "k3_sglang.platform_cpu", "public",
           "tests/unit/test_server_process.py", "SGLang's CPU device behaviour for the k3_cpu platform"),
     # -- SGLANG_* environment variables set (public: declared in sglang.srt.environ) --------------------------------
     Reach("SGLANG_EXTERNAL_MODEL_PACKAGE", "ENV", "k3_sglang.serving.cli", "public", T_SERVE,
-          "registers the portable model package"),
+          "registers the portable model package", portable_only=True),
     Reach("SGLANG_PLATFORM", "ENV", "k3_sglang.serving.cli", "public", T_SERVE, "selects the k3_cpu platform on CPU"),
     Reach("SGLANG_ENABLE_PP_SPEC", "ENV", "k3_sglang.serving.cli", "public", "tests/spec/test_pp_hooks.py",
           "SGLang's pipeline speculation relay for K3_CSV under --pp-size > 1"),

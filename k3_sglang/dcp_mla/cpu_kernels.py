@@ -6,8 +6,9 @@ NaN/-inf rules), so SGLang's own merge drivers (`cp_lse_ag_out_rs_mla`, `dcp_a2a
 (`prepare_decode_context_parallel_metadata`) run unchanged around them:
 - `correct_attn_out` (ag_rs merge): each rank's partial scaled by exp(lse_r - LSE), written head-major [H, B, D];
 - `dcp_pack_a2a_send` / `dcp_lse_combine_triton` (a2a merge): the send-slot scatter and the LSE-weighted combine;
-- `prepare_decode_context_parallel_metadata` (extend under DCP): the gathered-buffer indices, and
-  `get_mla_kv_buffer_triton`, the pool read that gathers this rank's prefix rows for it;
+- `prepare_decode_context_parallel_metadata` (extend under DCP): the gathered-buffer indices (the pool read that
+  gathers this rank's prefix rows for it, `read_mla_rows_torch`, is the k3_cpu platform's MLA pool's own read:
+  sglang_cpu/mla_pool.py, through SGLang's public `get_kv_pool_cls`);
 - `_launch_track_mamba_states` (extra_buffer prefix cache): the decode-time copy of KDA states into track slots;
 - `GroupCoordinator.all_gather_into_tensor` / `reduce_scatter_tensor` / `all_to_all_single`: on an out-of-tree
   platform (`is_cpu()` False) these call SGLang's registered custom ops, which have no CPU kernel; for CPU tensors
@@ -196,13 +197,6 @@ def extend_metadata_hook(original, *args, **kwargs):
     return extend_gather_metadata_torch(**bound)
 
 
-def read_mla_rows_hook(original, kv_buffer, loc, cache_k_nope, cache_k_rope=None):
-    """SGLang's MLA pool read (this rank's prefix rows for the gathered extend buffer) on CPU tensors in torch."""
-    if kv_buffer.device.type != "cpu":
-        return original(kv_buffer, loc, cache_k_nope, cache_k_rope)
-    return read_mla_rows_torch(kv_buffer, loc, cache_k_nope, cache_k_rope)
-
-
 def track_states_hook(original, conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices,
                       batch_size, num_layers, conv_strides, ssm_strides, conv_numel, ssm_numel, check_freed_slots):
     """The extra_buffer KDA prefix cache's decode-time copy of states into track slots on CPU tensors in torch."""
@@ -243,7 +237,6 @@ COLLECTIVE_HOOKS = [(f"{_GROUP}.all_gather_into_tensor", gather_into_tensor_hook
                     (f"{_GROUP}.reduce_scatter_tensor", reduce_scatter_tensor_hook, "AROUND"),
                     (f"{_GROUP}.all_to_all_single", all_to_all_single_hook, "AROUND")]
 EXTEND_HOOKS = [("sglang.srt.layers.dcp.planner.prepare_decode_context_parallel_metadata", extend_metadata_hook,
-                 "AROUND"),
-                ("sglang.kernels.ops.kvcache.mla_buffer.get_mla_kv_buffer_triton", read_mla_rows_hook, "AROUND")]
+                 "AROUND")]
 TRACK_HOOKS = [("sglang.kernels.ops.mamba.mamba_state_scatter_triton._launch_track_mamba_states", track_states_hook,
                 "AROUND")]

@@ -1,5 +1,9 @@
 """Process entry of `k3 serve`: SGLang's HTTP server with our request guard and a ready line.
 
+The ready line goes through SGLang's own public `launch_server(server_args, launch_callback=...)`, the call SGLang's
+`run_server` makes in its default (HTTP) mode; the other modes (encoder-only, SMG gRPC, Ray) go to `run_server`
+unchanged, without a ready line. Nothing in SGLang is replaced.
+
 Run as `python -m k3_sglang.serving.launch <sglang args>` with the environment `k3 serve` composed (its
 decision in `K3_DEPLOYMENT`, k3_sglang/deployment.py; SGLANG_EXTERNAL_MODEL_PACKAGE for the portable model,
 SGLANG_PLATFORM=k3_cpu on CPU). When the portable model serves, or SGLang's own K3 runs on the k3_cpu platform, the
@@ -29,17 +33,29 @@ def _ready_line(host: str, port: int, model: str) -> str:
     )
 
 
-READY_LINE_TARGET = "sglang.srt.entrypoints.http_server.launch_server"
-_sglang_launch_server = None  # SGLang's own launch_server, set by main() before it is replaced
+# `run_server` flags (raw and resolved) that select a mode other than SGLang's default HTTP server
+OTHER_MODE_FLAGS = ("encoder_only", "smg_grpc_mode", "grpc_mode", "use_ray")
 
 
-def launch_with_ready_line(args, *a, **kw):
-    """SGLang's `launch_server` with a `launch_callback` that prints our ready line once SGLang reports ready."""
-    def announce():
-        print(_ready_line(args.host, args.port, args.model_path), flush=True)
+def _other_mode(cfg) -> bool:
+    return any(getattr(cfg, flag, False) for flag in OTHER_MODE_FLAGS)
 
-    kw.setdefault("launch_callback", announce)
-    return _sglang_launch_server(args, *a, **kw)
+
+def serve(server_args, run_server, launch_server) -> None:
+    """SGLang's default HTTP mode as `run_server` starts it, plus `launch_callback` printing our ready line once
+    SGLang reports ready; any other mode through `run_server` itself (it seeds gRPC's tokenizer path before
+    resolving, so those flags are read raw first, then again once resolution has settled them)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    if not _other_mode(server_args):
+        server_args.resolve_once()  # what run_server does first (idempotent: run_server's own call returns)
+        if not _other_mode(resolving_view(server_args)):
+            def announce():
+                print(_ready_line(server_args.host, server_args.port, server_args.model_path), flush=True)
+
+            launch_server(server_args, launch_callback=announce)
+            return
+    run_server(server_args)
 
 
 def install_guard(app, settings: ServeSettings) -> None:
@@ -68,11 +84,8 @@ def main(argv: list[str]) -> None:
         print(f"k3 serve: error: {message}", file=sys.stderr, flush=True)
         sys.exit(2)
     install_guard(http_server.app, settings)
-    global _sglang_launch_server
-    _sglang_launch_server = http_server.launch_server
-    http_server.launch_server = launch_with_ready_line
     try:
-        run_server(server_args)
+        serve(server_args, run_server, http_server.launch_server)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
 

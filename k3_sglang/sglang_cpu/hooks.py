@@ -38,8 +38,6 @@ def installed_hooks():
     """(target, hook, hook type name) of every hook `register` installs."""
     return [("sglang.srt.models.kimi_k3.KimiK3LinearModel.__init__", shims.model_init_without_streams, "AROUND"),
             ("triton_kernels.numerics_details.mxfp.upcast_from_mxfp", shims.upcast_mxfp4, "AROUND"),
-            ("sglang.srt.layers.quantization.compressed_tensors.compressed_tensors.CompressedTensorsConfig"
-             ".get_supported_act_dtypes", shims.float32_activations, "AFTER"),
             (f"{_KDA}.KDAKernelDispatcher.__init__", shims.kda_dispatcher_on_cpu, "AROUND"),
             (f"{_KDA}.causal_conv1d_fn", shims.conv1d_fn, "REPLACE"),
             (f"{_KDA}.causal_conv1d_update", shims.conv1d_update, "REPLACE"),

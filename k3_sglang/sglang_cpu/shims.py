@@ -42,13 +42,6 @@ def upcast_mxfp4(original, tensor, scale, target_dtype, axis, *args, **kwargs):
     return out.view(*t.shape[:-1], 2 * t.shape[-1]).movedim(-1, axis).contiguous()
 
 
-def float32_activations(result, *args, **kwargs):
-    """AFTER `CompressedTensorsConfig.get_supported_act_dtypes`: float32 too, so a float32 model (the exact tests)
-    loads the checkpoint's compressed-tensors MXFP4 experts; on CPU every op runs in float32 and the upcast expert
-    weights (exact in bf16) are read in the activation dtype (moe_runner.py)."""
-    return list(result) + ([torch.float32] if torch.float32 not in result else [])
-
-
 def rms_norm_gated(original, self, x, g, residual=None, prenorm=False, residual_in_fp32=False):
     """AROUND `FusedRMSNormGated.forward` (KDA's output norm, a Triton kernel): for CPU tensors RMSNorm over the
     last dim in float32, times the weight, times sigmoid(g) ("sigmoid", K3) or silu(g) ("swish"/"silu")."""

@@ -3,6 +3,8 @@ kernels, run here under the interpreter on the same random inputs (NaN/-inf LSE 
 what the CPU hooks substitute computes what SGLang computes on a GPU."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -133,3 +135,41 @@ def test_extend_gather_metadata_matches_sglang(monkeypatch):
         assert getattr(want, field).tolist() == getattr(got, field).tolist(), field
     assert want.dcp_extend_prefix_lens_sum == got.dcp_extend_prefix_lens_sum
     assert want.dcp_kv_buffer.shape == got.dcp_kv_buffer.shape and want.dcp_kv_buffer.dtype == got.dcp_kv_buffer.dtype
+
+
+@pytest.mark.parametrize("rope", [0, 16])
+def test_the_platform_mla_pool_reads_cpu_rows_as_sglangs_kernel_does(rope):
+    """The k3_cpu platform's MLA pool (public seam `get_kv_pool_cls(kind="mla")`, replacing the old AROUND hook on
+    `get_mla_kv_buffer_triton`): the rows `loc` names, split into nope and rope, cast to dst_dtype; bit-exact against
+    SGLang's own method (its Triton kernel, under the interpreter here) and against plain indexing."""
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    from k3_sglang.platform_cpu import K3CpuPlatform
+    from k3_sglang.sglang_cpu.mla_pool import K3CpuMLATokenToKVPool
+
+    platform = K3CpuPlatform()
+    assert platform.get_kv_pool_cls(kind="mla") is K3CpuMLATokenToKVPool
+    assert issubclass(K3CpuMLATokenToKVPool, MLATokenToKVPool)
+    assert platform.get_kv_pool_cls(kind="mha") is None and platform.get_kv_pool_cls(kind="dsa") is None
+
+    gen = torch.Generator().manual_seed(11)
+    lora = 32
+    buffer = torch.randn(40, 1, lora + rope, generator=gen, dtype=torch.float64)
+    loc = torch.tensor([39, 0, 17, 17, 5, 22])
+    pool = K3CpuMLATokenToKVPool.__new__(K3CpuMLATokenToKVPool)  # the fields the read uses, no allocation
+    pool.dtype, pool.kv_lora_rank, pool.qk_rope_head_dim = torch.float64, lora, rope
+    pool.get_key_buffer = lambda layer_id: buffer if layer_id == 3 else None
+    layer = SimpleNamespace(layer_id=3)
+    for dst in (None, torch.float32):
+        nope, pe = pool.get_mla_kv_buffer(layer, loc, dst)
+        want_nope, want_pe = MLATokenToKVPool.get_mla_kv_buffer(pool, layer, loc, dst)
+        dtype = dst or torch.float64
+        assert nope.dtype == dtype and nope.shape == (6, 1, lora)
+        assert_bit_exact("nope vs SGLang", want_nope, nope)
+        assert_bit_exact("nope vs indexing", buffer[loc, :, :lora].to(dtype), nope)
+        if rope:
+            assert pe.shape == (6, 1, rope)
+            assert_bit_exact("rope vs SGLang", want_pe, pe)
+            assert_bit_exact("rope vs indexing", buffer[loc, :, lora:].to(dtype), pe)
+        else:
+            assert pe is None and want_pe is None

@@ -122,3 +122,102 @@ def test_counts_add_up():
     assert c["hooks"] == len(hook_inventory.all_hooks()) and c["registries"] == len(hook_inventory.REGISTRIES)
     assert c["reaches_public"] + c["reaches_private"] == len(hook_inventory.reaches())
     assert hook_inventory.counts_line() in hook_inventory.markdown()
+
+
+def test_every_private_replace_or_around_says_why_no_public_seam_serves():
+    from k3_sglang import hook_seams
+
+    hooks = hook_inventory.all_hooks()
+    missing = sorted({h.target for h in hooks if h.kind in ("REPLACE", "AROUND") and len(h.no_seam.strip()) < 40})
+    assert missing == [], "REPLACE/AROUND hooks without a reason in k3_sglang/hook_seams.py:\n" + "\n".join(missing)
+    by_reason: dict[str, set[str]] = {}
+    for h in hooks:
+        if h.no_seam:
+            by_reason.setdefault(" ".join(h.no_seam.lower().split()), set()).add(h.target)
+    shared = {r: t for r, t in by_reason.items() if len(t) > 1}
+    assert shared == {}, f"one boilerplate reason for several targets: {shared}"
+    stale = sorted(set(hook_seams.NO_PUBLIC_SEAM) - {h.target for h in hooks})
+    assert stale == [], f"reasons for targets no longer hooked (delete them): {stale}"
+    rendered = hook_inventory.markdown()
+    assert all(h.no_seam in rendered for h in hooks if h.no_seam)
+
+
+def test_a_reasonless_or_boilerplate_row_fails(monkeypatch):
+    """The check above bites: a REPLACE row with an empty reason, and two targets sharing one, are both caught."""
+    from k3_sglang import hook_seams
+
+    hooks = hook_inventory.all_hooks()
+    first, second = hooks[0].target, next(h.target for h in hooks if h.target != hooks[0].target and h.no_seam)
+    monkeypatch.setitem(hook_seams.NO_PUBLIC_SEAM, first, "")
+    with __import__("pytest").raises(AssertionError, match="without a reason"):
+        test_every_private_replace_or_around_says_why_no_public_seam_serves()
+    monkeypatch.setitem(hook_seams.NO_PUBLIC_SEAM, first, hook_seams.NO_PUBLIC_SEAM[second])
+    with __import__("pytest").raises(AssertionError, match="boilerplate"):
+        test_every_private_replace_or_around_says_why_no_public_seam_serves()
+
+
+def test_portable_model_rows_are_marked_and_counted_apart():
+    from k3_sglang.hook_seams import RETIRES, owned_by_portable_model
+
+    hooks = hook_inventory.all_hooks()
+    portable = [h for h in hooks if h.portable_only]
+    assert portable and all("portable model" in h.when for h in portable)
+    assert not any(h.portable_only for h in hooks if "SGLang's own K3" in h.when or "either model" in h.when)
+    assert owned_by_portable_model("k3_sglang.model.kda") and owned_by_portable_model("k3_sglang.models.kimi_k3")
+    assert not owned_by_portable_model("k3_sglang.models, k3_sglang.model.kda")  # shared with a kept module
+    assert not owned_by_portable_model("k3_sglang.platform_hooks")
+    c = hook_inventory.counts()
+    kept = {h.target for h in hooks if not h.portable_only}
+    assert c["hooked_targets_after_portable"] == len(kept) <= c["hooked_targets"]
+    line = hook_inventory.counts_line()
+    assert (f"Hooked targets now: {c['hooked_targets']}; after the portable model retires: "
+            f"{c['hooked_targets_after_portable']} (goal: at most 40)") in line
+    assert hook_inventory.markdown().count(RETIRES) >= len(portable)
+
+
+def _fake_args(**flags):
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(host="127.0.0.1", port=30123, model_path="/m", resolved=0, **flags)
+    args.resolve_once = lambda: setattr(args, "resolved", args.resolved + 1)
+    return args
+
+
+def test_the_ready_line_comes_from_sglangs_launch_callback(monkeypatch, capsys):
+    """`k3 serve` replaces nothing for its ready line: the default HTTP mode calls SGLang's launch_server with the
+    public launch_callback (printing the line only when SGLang calls it); every other run_server mode goes to
+    run_server untouched."""
+    from sglang.srt.arg_groups import overrides
+
+    from k3_sglang.serving import launch
+
+    monkeypatch.setattr(overrides, "resolving_view", lambda args: args)
+    calls = []
+    args = _fake_args()
+    launch.serve(args, run_server=lambda a: calls.append(("run_server", a)),
+                 launch_server=lambda a, launch_callback: calls.append(("launch_server", a, launch_callback)))
+    assert [c[0] for c in calls] == ["launch_server"] and args.resolved == 1
+    assert "k3 serve: ready" not in capsys.readouterr().out  # not before SGLang reports ready
+    calls[0][2]()
+    assert "k3 serve: ready at http://127.0.0.1:30123 (model /m" in capsys.readouterr().out
+    for flag in launch.OTHER_MODE_FLAGS:
+        calls.clear()
+        other = _fake_args(**{flag: True})
+        launch.serve(other, run_server=lambda a: calls.append(("run_server", a)),
+                     launch_server=lambda *a, **k: calls.append(("launch_server",)))
+        assert calls == [("run_server", other)] and other.resolved == 0, flag  # run_server resolves it itself
+
+
+def test_run_servers_mode_dispatch_is_the_one_serve_mirrors():
+    """serve() sends exactly run_server's non-default modes to run_server: its source dispatches on these flags and
+    ends in http_server.launch_server(server_args) (a new mode there fails here, as does its fingerprint)."""
+    from sglang import launch_server as sglang_launch
+
+    from k3_sglang.serving import launch
+
+    source = inspect.getsource(sglang_launch.run_server)
+    dispatched = set(re.findall(r"\bcfg\.(\w+)", source))
+    assert dispatched <= set(launch.OTHER_MODE_FLAGS), dispatched
+    assert {"encoder_only", "smg_grpc_mode", "use_ray"} <= dispatched
+    assert "from sglang.srt.entrypoints.http_server import launch_server" in source
+    assert "server_args.resolve_once()" in source

@@ -139,3 +139,29 @@ def test_last_loc_shim_answers_cpu_tensors_with_sglangs_torch_path():
     got = shims.last_loc_on_cpu(never, table, idx, lens)
     want = [int(table[i, n - 1]) if n > 0 else -1 for i, n in zip(idx.tolist(), lens.tolist())]
     assert got.tolist() == want
+
+
+def test_the_platform_compressed_tensors_config_accepts_float32(monkeypatch):
+    """SGLang's own lookup (`get_quantization_config`, public seam `SRTPlatform.get_quantization_config` on an
+    out-of-tree platform) hands the k3_cpu platform's config out, replacing the old AFTER hook on
+    `CompressedTensorsConfig.get_supported_act_dtypes`: float32 added, SGLang's own list kept, every other method
+    left to SGLang."""
+    import torch
+    from sglang.srt.layers import quantization
+    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+
+    from k3_sglang.platform_cpu import K3CpuPlatform
+    from k3_sglang.sglang_cpu.quant_config import K3CpuCompressedTensorsConfig
+
+    platform = K3CpuPlatform()
+    assert platform.get_quantization_config("compressed-tensors") is K3CpuCompressedTensorsConfig
+    assert platform.get_quantization_config("fp8") is None
+    monkeypatch.setattr(quantization, "current_platform", platform)
+    assert quantization.get_quantization_config("compressed-tensors") is K3CpuCompressedTensorsConfig
+    assert quantization.get_quantization_config("fp8") is quantization.QUANTIZATION_METHODS["fp8"]
+    assert issubclass(K3CpuCompressedTensorsConfig, CompressedTensorsConfig)
+    config = K3CpuCompressedTensorsConfig.__new__(K3CpuCompressedTensorsConfig)
+    theirs = CompressedTensorsConfig.get_supported_act_dtypes(config)
+    assert torch.float32 not in theirs
+    assert config.get_supported_act_dtypes() == [*theirs, torch.float32]
+    assert {k for k in K3CpuCompressedTensorsConfig.__dict__ if not k.startswith("_")} == {"get_supported_act_dtypes"}
