@@ -98,6 +98,12 @@ def _kv_event_hooks():
     return kv_event_hooks.installed_hooks()
 
 
+def _kv_event_tier_hooks():
+    from k3_sglang.serving import kv_event_tiers
+
+    return kv_event_tiers.installed_hooks()
+
+
 def _retention_hooks():
     from k3_sglang.serving import retention
 
@@ -130,6 +136,8 @@ HOOK_SETS = (
             "tests/unit/test_sglang_cpu_hooks.py"),
     HookSet("k3_sglang.serving.kv_event_hooks", "every `k3 serve` process (K3_SERVE_HOOKS)", _kv_event_hooks,
             "tests/unit/test_kv_event_hooks.py"),
+    HookSet("k3_sglang.serving.kv_event_tiers", "every `k3 serve` process (K3_SERVE_HOOKS); acts with HiCache on",
+            _kv_event_tier_hooks, "tests/unit/test_kv_event_tiers.py"),
     HookSet("k3_sglang.serving.retention", "every `k3 serve` process (K3_SERVE_HOOKS)", _retention_hooks,
             "tests/unit/test_kv_event_hooks.py"),
     HookSet("k3_sglang.dcp_mla.plugin", "GPU host, SGLang's own K3 under --dcp-size > 1", _dcp_mla_hooks,

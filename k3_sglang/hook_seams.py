@@ -124,6 +124,12 @@ NO_PUBLIC_SEAM: dict[str, str] = {
     f"{_URC}.take_events":
         "our KDA events must join the same queue the scheduler drains; `EventPublisherFactory` publishes that "
         "queue but cannot add to it",
+    f"{_URC}._execute_kv_backup":
+        "SGLang's KV events record device blocks only; a node's KDA state copied to host slots raises no event, and "
+        "the backup's host slot ids exist only inside this call",
+    f"{_URC}.load_back":
+        "a host-to-device load-back publishes no KV event and reports only success; the device state slot it gives "
+        "the node is known only once the call returns",
     # -- HiCache on the k3_cpu platform -----------------------------------------------------------------------------------
     f"{_POOL_HOST}.base.HostKVCache.__init__":
         "MLA host pools default to `pin_memory=True` and the assembler passes no pin choice (the platform's "
@@ -137,6 +143,9 @@ NO_PUBLIC_SEAM: dict[str, str] = {
     f"{_POOL_HOST}.base.host_memory_budget_bytes":
         "the host budget subtracts the module constant HICACHE_HOST_MEMORY_RESERVE_BYTES (10 GiB); no server "
         "argument, environment variable or platform method sets it",
+    f"{_POOL_HOST}.common.alloc_with_host_register":
+        "the host allocator is picked by storage-backend name in `get_allocator_from_storage` (no registry), and the "
+        "default `alloc_mmap` maps with MAP_POPULATE, so a whole tier is committed at start; no platform method is asked",
     "sglang.srt.managers.cache_controller.storage_model_name":
         "storage backends key L3 objects on this name plus TP/PP ranks (hicache_storage.py's `_{model}_{rank}_"
         "{size}` suffix); nothing else that wrote them (checkpoint, page size, DCP, version) reaches the key",

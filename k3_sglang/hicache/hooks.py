@@ -4,7 +4,7 @@ no_buffer KDA states). Inert unless the k3_cpu platform is selected (a CUDA host
 
 SGLang 0.5.23 builds its hybrid host pools (MLA latent pages + KDA state slots, `hybrid_pool_assembler.
 build_hybrid_mamba_stack`), cache controller, transfer engine and storage backends on any platform; a CPU host
-lacks three things, each passed by one narrow hook (and a fourth hook keys storage by what wrote it):
+lacks four things, each passed by one narrow hook (and a fifth hook keys storage by what wrote it):
 
 1. Pinned host memory. `HostKVCache.__init__` (the MLA host pool) and `MambaPoolHost.__init__` (the KDA state host
    pool) default to `pin_memory=True`: cudaHostRegister of the buffers at start, and `torch.zeros(pin_memory=True)`
@@ -23,18 +23,25 @@ lacks three things, each passed by one narrow hook (and a fourth hook keys stora
    even a 10 MB host tier ("Not enough host memory available ... -1.63 GB free"). The AROUND hook runs the check
    with CPU_HOST_RESERVE_BYTES (1 GiB) in that constant for the call.
 
-4. Storage keys that name what wrote them. SGLang keys L3 objects by the served model name and rank layout only;
+4. Prefaulted host buffers. SGLang allocates every host pool with a MAP_POPULATE'd (or MADV_POPULATE_WRITE) mmap,
+   since cudaHostRegister must pin real pages; so the whole tier is committed at start (measured: a 5 GB tier made
+   a 6 GB scheduler before the first request). Pageable CPU buffers need no prefault: an AROUND hook on
+   `pool_host.common.alloc_with_host_register` maps SGLang's default-allocator, unpinned buffers with a plain
+   anonymous mmap (zero-filled, committed page by page as the tier fills).
+
+5. Storage keys that name what wrote them. SGLang keys L3 objects by the served model name and rank layout only;
    an AROUND hook on `cache_controller.storage_model_name` appends a digest of the checkpoint, page size, parallel
    layout, dtypes and SGLang version (hicache/storage_identity.py), so a restarted worker resumes its own objects
    and never loads another checkpoint's, layout's or version's.
 
-With `K3_HICACHE_FAULT=corrupt-restored-kda` (tests only, hicache/settings.py) a fourth hook corrupts every KDA state
+With `K3_HICACHE_FAULT=corrupt-restored-kda` (tests only, hicache/settings.py) one more hook corrupts every KDA state
 the host tier restores, the sabotage control of the end-to-end tests. `installed_hooks()` lists what `register()`
 installs (tests/unit/test_hicache_hooks.py checks each target and the code it expects there).
 """
 from __future__ import annotations
 
 import importlib
+import math
 import os
 
 import torch
@@ -47,6 +54,7 @@ KV_HOST_POOL_TARGET = "sglang.srt.mem_cache.pool_host.base.HostKVCache.__init__"
 STATE_HOST_POOL_TARGET = "sglang.srt.mem_cache.pool_host.mamba.MambaPoolHost.__init__"
 MAMBA_STACK_TARGET = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.build_hybrid_mamba_stack"
 HOST_BUDGET_TARGET = "sglang.srt.mem_cache.pool_host.base.host_memory_budget_bytes"
+HOST_ALLOC_TARGET = "sglang.srt.mem_cache.pool_host.common.alloc_with_host_register"
 CPU_HOST_RESERVE_BYTES = 1 << 30
 STORAGE_NAME_TARGET = "sglang.srt.managers.cache_controller.storage_model_name"
 STATE_LOAD_TARGET = "sglang.srt.mem_cache.pool_host.mamba.MambaPoolHost.load_to_device_per_layer"
@@ -100,6 +108,28 @@ def budget_with_cpu_reserve(original, *args, **kwargs):
         base.HICACHE_HOST_MEMORY_RESERVE_BYTES = saved
 
 
+def lazy_host_buffer(dims: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled host tensor [*dims] on an anonymous private mmap that is not prefaulted: RAM is committed page by
+    page as the tensor is written."""
+    import mmap
+
+    numel = math.prod(dims)
+    nbytes = max(1, numel * torch.empty([], dtype=dtype).element_size())
+    mapping = mmap.mmap(-1, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(mapping, dtype=dtype, count=numel).reshape(dims)
+
+
+def lazy_pageable_host_alloc(original, dims, dtype, device, pin_memory, allocator, *args, **kwargs):
+    """AROUND SGLang's host-pool buffer allocation: an unpinned buffer of SGLang's default allocator on CPU is mapped
+    without prefaulting (lazy_host_buffer); anything else (pinned, shared-memory or storage allocators) is SGLang's."""
+    from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator
+
+    if pin_memory or device != "cpu" or type(allocator) is not HostTensorAllocator or not math.prod(dims):
+        return original(dims, dtype, device, pin_memory, allocator, *args, **kwargs)
+    allocator.dtype, allocator.dims = dtype, dims
+    return lazy_host_buffer(tuple(dims), dtype)
+
+
 _IDENTITY = None  # this process's StorageIdentity, computed once from its ServerArgs
 
 
@@ -144,6 +174,7 @@ def installed_hooks(fault: str = "none"):
              (STATE_HOST_POOL_TARGET, pageable_host_pool, "AROUND"),
              (MAMBA_STACK_TARGET, build_stack_with_cpu_ops, "AROUND"),
              (HOST_BUDGET_TARGET, budget_with_cpu_reserve, "AROUND"),
+             (HOST_ALLOC_TARGET, lazy_pageable_host_alloc, "AROUND"),
              (STORAGE_NAME_TARGET, storage_name_with_identity, "AROUND")]
     if fault == "corrupt-restored-kda":
         hooks.append((STATE_LOAD_TARGET, corrupt_restored_kda, "AROUND"))

@@ -9,7 +9,7 @@ RAM sat free and the tiny model's sessions need a few MB each. So, when the user
     --hicache-size = min(CAP_GB, floor(SHARE x MemAvailable / ranks on this host))     GB per rank
 
 a stated share of what is free at start, capped; below 1 GB per rank (SGLang's flag counts whole GB) it falls back to
-SGLang's `--hicache-ratio 2`. SGLang's host buffers are allocated untouched (pages are committed as the tier
+SGLang's `--hicache-ratio 2`. SGLang's host buffers are mapped without prefaulting (hicache/hooks.py: SGLang prefaults them; pages are committed as the tier
 fills), and its own budget check (free memory less our 1 GiB reserve, hicache/hooks.py) still runs. `k3 serve`
 prints the choice at start. Pure functions: the caller reads /proc/meminfo (`mem_available_bytes`).
 """

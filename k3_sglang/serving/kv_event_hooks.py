@@ -21,7 +21,8 @@ FreeComponentDeviceSlot)` (evictions, the per-path state cap, leaf eviction) or 
 All four are inert unless the cache records events (`--kv-events-config`, publisher rank) and has a MAMBA
 component; the plugin registers nothing unless `k3 serve` started the server (`K3_SERVE_HOOKS=1`).
 A slot stored again while we still map it (a free we did not see) first publishes the old checkpoint's removal.
-The router reads these events in `k3_sglang/router/kv_events.py` (tags `KDA_STORED`, `KDA_REMOVED`).
+The router reads these events in `k3_sglang/router/kv_events.py` (tags `KDA_STORED`, `KDA_REMOVED`). With HiCache
+the same events carry the host tier (medium CPU_PINNED) and loads back to the device: `serving/kv_event_tiers.py`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ TAKE_TARGET = CACHE + ".take_events"
 RESET_TARGET = CACHE + ".reset"
 FREE_TARGET = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.apply_component_action"
 LOG_ATTR = "_k3_kda_event_log"
+DEVICE_MEDIUM, HOST_MEDIUM = "GPU", "CPU_PINNED"  # SGLang's StorageMedium values
 
 
 def _event_types():
@@ -62,28 +64,40 @@ def _event_types():
 
 
 class KdaEventLog:
-    """Per cache: our events not yet taken, and state slot -> (block hash, tokens) of the checkpoints it holds."""
+    """Per cache: our events not yet taken, and per tier, state slot -> (block hash, tokens) of the checkpoint it
+    holds (device slots of SGLang's mamba pool under GPU, host slots of its MambaPoolHost under CPU_PINNED)."""
 
     def __init__(self) -> None:
         self.pending: list = []
-        self.slots: dict[int, tuple[int, int]] = {}
+        self.by_medium: dict[str, dict[int, tuple[int, int]]] = {DEVICE_MEDIUM: {}, HOST_MEDIUM: {}}
         self.stored_type, self.removed_type = _event_types()
         self.missing_hash = 0
 
-    def stored(self, cache: Any, slot: int, block_hash: int, tokens: int, session_id: str | None) -> None:
-        if slot in self.slots:
-            self.removed(cache, slot)
+    @property
+    def slots(self) -> dict[int, tuple[int, int]]:
+        """Device state slot -> (block hash, tokens)."""
+        return self.by_medium[DEVICE_MEDIUM]
+
+    def stored(self, cache: Any, slot: int, block_hash: int, tokens: int, session_id: str | None,
+               medium: str = DEVICE_MEDIUM) -> None:
+        slots = self.by_medium[medium]
+        if slot in slots:
+            self.removed(cache, slot, medium)
         self._drain(cache)
-        self.slots[slot] = (block_hash, tokens)
-        self.pending.append(self.stored_type(block_hash=block_hash, tokens=tokens, medium="GPU",
+        slots[slot] = (block_hash, tokens)
+        self.pending.append(self.stored_type(block_hash=block_hash, tokens=tokens, medium=medium,
                                              session_id=session_id))
 
-    def removed(self, cache: Any, slot: int) -> None:
-        entry = self.slots.pop(slot, None)
+    def removed(self, cache: Any, slot: int, medium: str = DEVICE_MEDIUM) -> None:
+        entry = self.by_medium[medium].pop(slot, None)
         if entry is None:
             return
         self._drain(cache)
-        self.pending.append(self.removed_type(block_hash=entry[0], medium="GPU"))
+        self.pending.append(self.removed_type(block_hash=entry[0], medium=medium))
+
+    def clear(self) -> None:
+        for slots in self.by_medium.values():
+            slots.clear()
 
     def _drain(self, cache: Any) -> None:
         """Move what SGLang recorded so far ahead of the event about to be queued."""
@@ -159,7 +173,7 @@ def forget_checkpoints_on_reset(result, cache, *args, **kwargs):
     """AFTER hook (4): the tree is empty; so is our slot map."""
     queued = cache.__dict__.get(LOG_ATTR)
     if queued:
-        queued.slots.clear()
+        queued.clear()
     return result
 
 
@@ -179,9 +193,9 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from k3_sglang.serving import retention
+    from k3_sglang.serving import kv_event_tiers, retention
     from k3_sglang.serving.kv_events_curve import register_publisher
 
-    for target, hook, kind in installed_hooks() + retention.installed_hooks():
+    for target, hook, kind in installed_hooks() + kv_event_tiers.installed_hooks() + retention.installed_hooks():
         HookRegistry.register(target, hook, HookType[kind])
     register_publisher()  # `k3_zmq_curve`, the CURVE-protected publisher k3 serve names off loopback

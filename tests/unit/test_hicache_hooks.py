@@ -21,7 +21,7 @@ def test_every_hook_target_exists_in_the_installed_sglang():
         owner, attr = target.rsplit(".", 1)
         assert callable(getattr(pkgutil.resolve_name(owner), attr)), target
         assert kind == "AROUND" and callable(hook)
-    assert len(hooks.installed_hooks()) == 5
+    assert len(hooks.installed_hooks()) == 6
 
 
 def test_host_pools_still_take_pin_memory_as_a_keyword_and_default_to_pinned():
@@ -74,6 +74,49 @@ def test_host_budget_runs_with_the_cpu_reserve_and_restores_it():
     free = base.available_host_memory_bytes(allow_cgroup_fallback=True)
     budget = hooks.budget_with_cpu_reserve(base.host_memory_budget_bytes)
     assert abs(budget - (free - hooks.CPU_HOST_RESERVE_BYTES)) < (512 << 20)  # free memory moves a little
+
+
+def _rss_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_unpinned_host_buffers_are_committed_as_they_fill_not_at_start():
+    from sglang.srt.mem_cache.pool_host import common
+
+    source = inspect.getsource(common.alloc_with_host_register)
+    assert "allocator.allocate(dims, dtype=dtype, device=device)" in source  # the call the hook stands in for
+    assert "alloc_mmap(dims, dtype)" in inspect.getsource(common.HostTensorAllocator.allocate)
+    size = 256 << 20
+    dims = (size // 4 // 1024, 1024)
+    before = _rss_bytes()
+    lazy = hooks.lazy_pageable_host_alloc(None, dims, torch.float32, "cpu", False, common.HostTensorAllocator())
+    assert lazy.shape == dims and lazy.dtype == torch.float32
+    assert _rss_bytes() - before < size // 8  # nothing committed yet
+    assert not lazy[:: 4096 // 4].any()  # zero-filled where read
+    lazy[-1].fill_(7.0)
+    assert float(lazy[-1, 0]) == 7.0 and not lazy[0].any()
+    del lazy
+    before = _rss_bytes()
+    populated = hooks.lazy_pageable_host_alloc(common.alloc_with_host_register, (size // 4 // 1024, 1024),
+                                               torch.float32, "cpu", False, _PrefaultingAllocator())
+    assert _rss_bytes() - before > size // 2  # control: SGLang's own allocation is prefaulted
+    del populated
+    passed = []
+    hooks.lazy_pageable_host_alloc(lambda *a, **k: passed.append(a), (4,), torch.float32, "cpu", True,
+                                   common.HostTensorAllocator())
+    assert passed  # a pinned buffer is SGLang's to allocate
+
+
+class _PrefaultingAllocator:
+    """Not SGLang's default allocator class: the hook passes it through to SGLang's path (its prefaulted mmap)."""
+
+    def allocate(self, dims, dtype, device):
+        from sglang.srt.mem_cache.storage.mmap import alloc_mmap
+
+        return alloc_mmap(dims, dtype)
 
 
 def test_pageable_hook_forces_pin_memory_off():

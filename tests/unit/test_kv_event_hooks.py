@@ -15,14 +15,17 @@ import torch
 
 from k3_sglang.router.kv_events import CheckpointRemoved, CheckpointStored, decode_batch
 from k3_sglang.serving import kv_event_hooks as hooks
-from k3_sglang.serving import retention
+from k3_sglang.serving import kv_event_tiers, retention
 
-ALL_HOOKS = hooks.installed_hooks() + retention.installed_hooks()
+ALL_HOOKS = hooks.installed_hooks() + kv_event_tiers.installed_hooks() + retention.installed_hooks()
 PARAMETERS = {  # target -> parameters the hook reads by position or name
     hooks.INSERT_TARGET: ["self", "params"],
     hooks.FREE_TARGET: ["self", "action"],
     hooks.TAKE_TARGET: ["self"],
     hooks.RESET_TARGET: ["self"],
+    kv_event_tiers.BACKUP_TARGET: ["self", "node_id", "device_value", "comp_xfers"],
+    kv_event_tiers.HOST_FREE_TARGET: ["self", "host_values"],
+    kv_event_tiers.LOAD_BACK_TARGET: ["self", "node_id"],
     retention.CHECKPOINT_TARGET: ["self", "req"],
     retention.EVICT_TARGET: ["self", "params"],
 }

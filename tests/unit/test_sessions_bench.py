@@ -80,3 +80,11 @@ def test_report_names_the_ratios_and_the_goals(tmp_path):
     assert "off / host, resumed-turn TTFT p50: **10.00x** (goal >= 5x: met)" in text
     assert "host / all resident, resumed-turn TTFT p50: **1.20x** (goal <= 1.5x: met)" in text
     assert "identical to `off` in every arm: yes" in text and (tmp_path / "bench.png").stat().st_size > 0
+    from k3_sglang.tooling.bench.sessions_report import KEEP_MARKER
+
+    (tmp_path / "bench.md").write_text(text + "\n" + KEEP_MARKER + "\n\n## another figure\n")
+    write_report(args, SessionTraffic(2, 1000, 100, 10, 2), datetime.datetime(2026, 12, 6), summaries, tmp_path)
+    again = (tmp_path / "bench.md").read_text()
+    bench_part = again.split(KEEP_MARKER)[0]  # rewritten (its load average moves), the kept part as it was
+    assert again.count(KEEP_MARKER) == 1 and again.endswith("## another figure\n")
+    assert "off / host, resumed-turn TTFT p50: **10.00x** (goal >= 5x: met)" in bench_part

@@ -113,5 +113,18 @@ Ratios (same run):
 
 Server logs of this run: `{workdir.name}` in the system's temporary directory (removed with it).
 """
-    args.out.write_text(text)
+    args.out.write_text(text + kept_sections(args.out))
     print(f"wrote {args.out} and {plot}")
+
+
+KEEP_MARKER = "<!-- kept by k3 bench sessions: figures measured by other commands -->"
+
+
+def kept_sections(path: Path) -> str:
+    """What follows KEEP_MARKER in the existing report (other commands' figures, e.g. a slow test's), marker
+    included, so that a rerun of the bench replaces only its own part; '' when there is none."""
+    try:
+        old = path.read_text()
+    except OSError:
+        return ""
+    return "\n" + KEEP_MARKER + old.split(KEEP_MARKER, 1)[1] if KEEP_MARKER in old else ""
