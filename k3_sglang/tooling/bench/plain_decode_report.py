@@ -31,7 +31,8 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
 
-def model_section(impl: str, c: int, arms: dict, help_text: dict[str, str]) -> list[str]:
+def model_section(impl: str, c: int, arms: dict, help_text: dict[str, str], mismatches=None,
+                  dtype: str = "bfloat16") -> list[str]:
     base = arms["A"]["steps"]
     name = "SGLang's own K3 (`kimi_k3`)" if impl == "sglang" else "the portable K3"
     unit = "request" if c == 1 else "round"
@@ -70,14 +71,22 @@ def model_section(impl: str, c: int, arms: dict, help_text: dict[str, str]) -> l
     else:
         counts = ", ".join(f"{arm} = A on {k} / {n}" for arm, k in same.items())
         lines.append(f"- output identity: **OUTPUT MISMATCH** ({counts})")
+        if mismatches is not None:
+            from k3_sglang.tooling.bench.output_identity import summary_lines
+
+            lines += ["  " + x for x in summary_lines([m for m in mismatches if m.key.startswith(f"{impl}/c{c}/")],
+                                                      dtype)]
     return lines + [""]
 
 
-def report(args, started, load_before, per_model: dict) -> str:
+def report(args, started, load_before, per_model: dict, mismatches=None) -> str:
     from k3_sglang.tooling.bench.plain_decode import ARM_HELP
     from k3_sglang.tooling.bench.profile_verify import machine
 
+    from k3_sglang.tooling.bench.verify_report import IDENTITY_HOW
+
     load = os.getloadavg()
+    dtype = getattr(args, "dtype", "bfloat16")
     arms = " ".join(args.arms)
     head = [
         "# `k3 bench plain-decode`: what K3_CSV costs per step when it decides plain decode", "",
@@ -86,9 +95,10 @@ def report(args, started, load_before, per_model: dict) -> str:
         "```",
         f"k3 bench plain-decode --model-impl {args.model_impl} --arms {arms} --requests {args.requests} "
         f"--concurrency {' '.join(map(str, args.concurrency))} --max-new-tokens {args.max_new_tokens} "
-        f"--prompt-tokens {args.prompt_tokens} --width {args.width}",
+        f"--prompt-tokens {args.prompt_tokens} --width {args.width}"
+        + (f" --dtype {dtype}" if dtype != "bfloat16" else ""),
         "```", "",
-        "Servers: the tiny K3 (random weights) in bf16 with `k3 serve` defaults, `--disable-radix-cache`, SGLang "
+        f"Servers: the tiny K3 (random weights) in {'bf16' if dtype == 'bfloat16' else dtype} with `k3 serve` defaults, `--disable-radix-cache`, SGLang "
         "0.5.23 on CPU, every arm alive at once and every server with `K3_STEP_TIMING` "
         "(k3_sglang/serving/step_timing.py). Requests: rounds of c greedy requests released together (c = the "
         "section's concurrency; one request at c = 1), random prompts by input_ids, ignore_eos; the arms take turns "
@@ -105,9 +115,10 @@ def report(args, started, load_before, per_model: dict) -> str:
         "Why host time: the forward is the same code in every arm (a plain DECODE forward, no spec input), so what "
         "a speculative server adds when it decides plain decode is host time; it is measured per step inside the "
         "server, where this machine's drift (the drift line below: the same forward a request apart) does not blur "
-        "a 1% difference the way client tok/s does.", ""]
+        "a 1% difference the way client tok/s does.", "",
+        "Output identity: " + IDENTITY_HOW[dtype == "float32"], ""]
     body: list[str] = []
     for impl, by_c in per_model.items():
         for c, arm_results in by_c.items():
-            body += model_section(impl, c, arm_results, ARM_HELP)
+            body += model_section(impl, c, arm_results, ARM_HELP, mismatches, dtype)
     return "\n".join(head + body)
