@@ -10,7 +10,8 @@ GOAL = 0.01  # the issue's bar: a server that decides plain decode costs at most
 
 def extra_share(arm_steps, base_steps) -> float:
     """Mean host time per step above the base arm's, as a share of the base arm's whole step (loop p50). The mean,
-    not the median: a settled C drafts and plans on one step in PROBE_EVERY, and throughput pays every step."""
+    not the median: a settled C drafts and plans on its probe steps only (spec/policy.py), and throughput pays every
+    step."""
     return (arm_steps.host_mean - base_steps.host_mean) / base_steps.loop
 
 
@@ -109,8 +110,8 @@ def report(args, started, load_before, per_model: dict, mismatches=None) -> str:
         "every decode step of batch c in the timed rounds (warm-up, prefill and the rounds' ramps are left out). The "
         "goal lines: per round, the arm's mean host time per step above A's on the same prompts, run next to it, as "
         "a share of A's step in that round; the median over rounds (the machine's drift cancels in the pair). The "
-        "mean, because a settled C drafts and plans for all c requests on one step in four (spec/policy.py: its "
-        "probes) and throughput pays for every step; the run_batch, process_batch_result and rest-of-loop columns "
+        "mean, because a settled C drafts and plans for all c requests on its probe steps only (spec/policy.py: one "
+        "step in 4 to 64, priced against a decode step) and throughput pays for every step; the run_batch, process_batch_result and rest-of-loop columns "
         "are medians. Client decode tok/s = c x tokens after the first / stream time after the first, pooled.", "",
         "Why host time: the forward is the same code in every arm (a plain DECODE forward, no spec input), so what "
         "a speculative server adds when it decides plain decode is host time; it is measured per step inside the "
