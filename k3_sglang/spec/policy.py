@@ -13,9 +13,12 @@ The planner (spec/planner.py) turns the drafts' survival probabilities and the s
 and drafts.
 
 Settled plain decoding: once `compact` has planned plain decode steps PROBE_AFTER times in a row, it drafts and
-plans only every PROBE_EVERY-th step and decodes the steps between without asking the drafter or the planner
-(their cost is paid on every step otherwise, about 1% of a CPU decode step; the drafter catches up on the skipped
-tokens at the next probe). The first verify plan ends the streak.
+plans only on probe steps and decodes the steps between without asking the drafter or the planner (the drafter
+catches up on the skipped tokens at the next probe). The probes are priced: each settled probe's host seconds
+(drafter + planner, a moving average) against the cost model's plain decode step for the batch set the interval
+(`probe_interval`): as many steps as keep the probes' mean cost per step within PROBE_BUDGET of a decode step,
+at least PROBE_EVERY and at most PROBE_MAX_EVERY (so drafts that turn good are noticed within that many steps).
+The first verify plan ends the streak.
 
 Request sets: a server plans one running batch (group 0); a pipeline's first stage plans each microbatch, which
 holds other requests, as its own group (spec/pp_hooks.py). Hysteresis, the plain-decoding streak and the departed
@@ -24,6 +27,8 @@ requests are tracked per group; the drafter and its calibration are shared.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,7 +41,21 @@ logger = logging.getLogger(__name__)
 # tiny K3 on 2 cores (docs/verify-cost-cpu.json, 2026-12-03), rounded
 DEFAULT_CPU_COST = dict(c0=0.0170, c_req=0.00044, c_tok=0.00032, c_lmax=0.00136, d0=0.0181, d_req=0.00019)
 PROBE_AFTER = 8  # consecutive planned plain-decode steps before compact only probes
-PROBE_EVERY = 4  # then it drafts and plans on one step in this many
+PROBE_EVERY = 4  # then it drafts and plans on one step in at least this many
+PROBE_MAX_EVERY = 64  # and in at most this many
+PROBE_BUDGET = 0.0025  # the settled probes' mean host time per step, as a share of a plain decode step
+PROBE_SMOOTHING = 0.5  # weight of the newest probe in the moving average of its seconds
+
+
+def probe_interval(probe_s: float, decode_s: float, budget: float = PROBE_BUDGET, lo: int = PROBE_EVERY,
+                   hi: int = PROBE_MAX_EVERY) -> int:
+    """Steps per probe so that a probe costing probe_s seconds, paid once per interval, adds at most `budget` x
+    decode_s per step on average; clamped to [lo, hi] (hi also when the decode step's cost is unknown or zero)."""
+    if not probe_s > 0:
+        return lo
+    if not decode_s > 0:
+        return hi
+    return max(lo, min(hi, math.ceil(probe_s / (budget * decode_s))))
 
 
 def speculation_allowed(batch, sampled: bool = True) -> bool:
@@ -73,6 +92,8 @@ class GroupState:
     planner: object | None = None
     plain_streak: int = 0  # consecutive compact steps planned as plain decode
     skipped: int = 0  # steps skipped since the last probe
+    probe_s: float | None = None  # moving average of a settled probe's host seconds (drafter + planner)
+    probe_every: int = PROBE_EVERY  # steps per probe once settled (probe_interval)
 
 
 class StepPolicy:
@@ -87,6 +108,7 @@ class StepPolicy:
         self._cost = None
         self._groups: dict[int, GroupState] = {}
         self._sampling_backend: str | None = None
+        self.clock = time.perf_counter  # times the probes (tests inject their own)
 
     @property
     def sampling_backend(self) -> str | None:
@@ -145,7 +167,7 @@ class StepPolicy:
         if self.settings.verify_mode != "compact" or state.plain_streak < PROBE_AFTER:
             return False
         state.skipped += 1
-        if state.skipped < PROBE_EVERY:
+        if state.skipped < state.probe_every:
             return True
         state.skipped = 0
         return False
@@ -185,6 +207,7 @@ class StepPolicy:
             return lens, [[int(r.output_ids[-1])] * (n - 1) for r, n in zip(reqs, lens)]
         from k3_sglang.spec.drafters.base import DraftRequest
 
+        t0 = self.clock()
         block = self.drafter.propose([DraftRequest(r.rid, r.origin_input_ids, r.output_ids) for r in reqs],
                                      self.gamma)
         caps = np.minimum(np.asarray(hard, dtype=np.int64), 1 + np.asarray(block.n_drafted, dtype=np.int64))
@@ -194,9 +217,21 @@ class StepPolicy:
         decision = self.planner(group).plan(survival, caps)
         lens = [int(n) for n in decision.verify_lens] if decision.mode == "verify" else [1] * bs
         state = self.group(group)
+        if state.plain_streak >= PROBE_AFTER:  # a settled probe: price it
+            self._price_probe(state, self.clock() - t0, bs, group)
         state.plain_streak = 0 if max(lens) > 1 else state.plain_streak + 1
+        if state.plain_streak == 0:
+            state.probe_s, state.probe_every = None, PROBE_EVERY
         drafts = [[int(t) for t in block.tokens[i, : n - 1]] for i, n in enumerate(lens)]
         return lens, drafts
+
+    def _price_probe(self, state: GroupState, seconds: float, n_reqs: int, group: int = 0) -> None:
+        """Fold one settled probe's host seconds into the group's average and set its probe interval from the cost
+        model's plain decode step of n_reqs requests."""
+        seconds = max(0.0, seconds)
+        state.probe_s = seconds if state.probe_s is None else (
+            PROBE_SMOOTHING * seconds + (1 - PROBE_SMOOTHING) * state.probe_s)
+        state.probe_every = probe_interval(state.probe_s, float(self.planner(group).cost.decode(n_reqs)))
 
     def observe(self, reqs, lens: list[int], commit_lens: list[int]) -> None:
         if self._drafter is None:

@@ -119,6 +119,7 @@ def test_settled_plain_decoding_probes_one_step_in_four_and_a_good_draft_ends_it
 
     policy = StepPolicy(SpecSettings(verify_mode="compact"), gamma=3, vocab_size=100)
     policy._drafter = Drafter()
+    policy.clock = lambda: 0.0  # probes that cost nothing: the shortest interval, PROBE_EVERY
     reqs = [_req("a", [1, 2, 3], [4], max_new=10_000)]
     asked = []
     for step in range(1, 25):
@@ -165,3 +166,74 @@ def test_pipeline_microbatches_keep_their_own_mode():
         assert policy._plan_local(_batch([good]), 4, 100_000, group=0)[0][0] > 1
         assert policy._plan_local(_batch([weak]), 4, 100_000, group=1)[0] == [1]
     assert policy.group(0).running == {"good"} and policy.group(1).running == {"weak"}
+
+
+def test_probe_interval_keeps_the_probes_mean_cost_within_the_budget():
+    from k3_sglang.spec.policy import PROBE_BUDGET, PROBE_EVERY, PROBE_MAX_EVERY, probe_interval
+
+    decode = 0.040
+    for probe in (1e-5, 1e-4, 2e-4, 5e-4, 1e-3, 3e-3):
+        n = probe_interval(probe, decode)
+        assert PROBE_EVERY <= n <= PROBE_MAX_EVERY
+        if PROBE_EVERY < n < PROBE_MAX_EVERY:  # unclamped: the least interval within the budget
+            assert probe / n <= PROBE_BUDGET * decode < probe / (n - 1)
+    assert probe_interval(1e-6, decode) == PROBE_EVERY and probe_interval(1.0, decode) == PROBE_MAX_EVERY
+    assert probe_interval(0.0, decode) == PROBE_EVERY and probe_interval(1e-3, 0.0) == PROBE_MAX_EVERY
+    assert probe_interval(float("nan"), decode) == PROBE_EVERY
+
+
+def test_settled_probes_are_priced_costly_probes_come_less_often_and_a_verify_resets_the_price():
+    """A settled policy whose probes cost 8 ms against a 20 ms decode step (the cost model's) probes once in
+    ceil(8 / (0.0025 x 20)) = 160 -> PROBE_MAX_EVERY steps; at 0.39 ms once in 8; the first verify plan resets it."""
+    from k3_sglang.spec.cost import AffineCost
+    from k3_sglang.spec.drafters.base import DraftBlock
+    from k3_sglang.spec.policy import PROBE_AFTER, PROBE_EVERY, PROBE_MAX_EVERY
+
+    class Drafter:
+        conf, calls = 0.01, 0
+
+        def propose(self, requests, gamma):
+            Drafter.calls += 1
+            n = len(requests)
+            return DraftBlock(np.full((n, gamma), 7, dtype=np.int64), np.full((n, gamma), Drafter.conf),
+                              np.full(n, gamma, dtype=np.int64))
+
+        def release(self, rid):
+            pass
+
+    class Clock:  # each probe reads it twice (before the drafter, after the planner): `cost` seconds apart
+        now, cost, reads = 0.0, 0.008, 0
+
+        def __call__(self):
+            Clock.reads += 1
+            if Clock.reads % 2 == 0:
+                Clock.now += Clock.cost
+            return Clock.now
+
+    policy = StepPolicy(SpecSettings(verify_mode="compact"), gamma=3, vocab_size=100)
+    policy._drafter, policy.clock, policy._cost = Drafter(), Clock(), AffineCost(0.05, 0.0, 0.0, 0.0, 0.02, 0.0)
+    reqs = [_req("a", [1, 2, 3], [4], max_new=100_000)]
+
+    def steps(n):
+        asked = []
+        for _ in range(n):
+            before = Drafter.calls
+            lens, _ = policy._plan_local(_batch(reqs), width=4, context_len=1_000_000)
+            asked.append(Drafter.calls > before)
+            reqs[0].output_ids.append(5)
+        return [i for i, a in enumerate(asked) if a]
+
+    probes = steps(PROBE_AFTER + 1 + 3 * PROBE_MAX_EVERY)
+    assert policy.group().probe_every == PROBE_MAX_EVERY and policy.group().probe_s == 0.008
+    gaps = [b - a for a, b in zip(probes[PROBE_AFTER - 1:], probes[PROBE_AFTER:])]
+    assert gaps[0] == PROBE_EVERY and set(gaps[1:]) == {PROBE_MAX_EVERY}  # priced after the first settled probe
+    Clock.cost = 0.00039
+    steps(3 * PROBE_MAX_EVERY + 200)  # the moving average comes down over a few probes
+    assert policy.group().probe_every == 8
+    Drafter.conf = 0.99  # drafts worth verifying: the streak and the price reset
+    for _ in range(3 * 8):
+        if policy._plan_local(_batch(reqs), width=4, context_len=1_000_000)[0][0] > 1:
+            break
+        reqs[0].output_ids.append(5)
+    assert policy.group().plain_streak == 0 and policy.group().probe_every == PROBE_EVERY
+    assert policy.group().probe_s is None

@@ -115,11 +115,31 @@ def test_goals_tolerance_and_top_concurrency_where_verify_all_loses():
     assert not g["goal1"]
     assert g["top_loses"] == 64 and g["top_ratio"] == pytest.approx(1.75) and g["goal2"] is True
     text = "\n".join(vr.goal_lines(cells, "w", [1, 16, 64]))
-    assert "**NOT met** (fails at c = 16, 64)" in text and "C/B = 1.750, **met**" in text
+    assert "**NOT met** (fails at c = 16, 64; " in text and "C/B = 1.750, **met**" in text
+    assert "C/max(A,B) per round -, no round met it" in text  # summaries without per-round rates
     never = vr.goals(_cells({1: (100.0, 200.0, 200.0), 4: (100.0, 150.0, 149.0)}), "w", [1, 4])
     assert never["goal1"] and never["top_loses"] is None and never["goal2"] is None
     table = vr.workload_table(cells, "w", [1, 16, 64])
     assert "| 64 | 800.0 | 400.0 | 700.0 | 0.875 | 1.750 | 0.875 |" in table
+
+
+def test_goal_lines_name_each_missed_cells_spread_and_a_miss_within_the_noise():
+    """Per-round rates: a cell that misses on its medians but met the bar in some round is a miss within the noise;
+    one that missed in every round is not."""
+    def cell(rates):
+        return vr.CellSummary(sorted(rates)[len(rates) // 2], 1.0, None, None, None, len(rates), tuple(rates),
+                              (1.0,) * len(rates))
+
+    rounds = {1: ((100.0, 100.0, 100.0), (200.0, 200.0, 200.0), (190.0, 201.0, 185.0)),  # round 2 met it
+              16: ((400.0, 400.0, 400.0), (300.0, 300.0, 300.0), (380.0, 385.0, 390.0))}  # no round met it
+    cells = {("w", c, arm): cell(r) for c, by_arm in rounds.items() for arm, r in zip(vr.ARMS, by_arm)}
+    g = vr.goals(cells, "w", [1, 16])
+    assert g["every_c"] == {1: False, 16: False} and g["within_noise"] == {1: True, 16: False}
+    assert vr.round_ratios(cells, "w", 1) == pytest.approx([0.95, 1.005, 0.925])
+    text = "\n".join(vr.goal_lines(cells, "w", [1, 16]))
+    assert "c = 1: C/max(A,B) per round 0.925-1.005 over 3 rounds, a round met the bar: a miss within the noise" in text
+    assert "c = 16: C/max(A,B) per round 0.950-0.975 over 3 rounds, no round met it" in text
+    assert "| 0.925-1.005 over 3 rounds |" in vr.workload_table(cells, "w", [1, 16])
 
 
 def test_profile_steady_point_keeps_only_full_batches_with_full_chains():

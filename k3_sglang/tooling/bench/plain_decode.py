@@ -13,6 +13,9 @@ split into the model forward and host time (loop - forward), and host time into 
 process_batch_result, and the rest of the loop (receiving requests, building the next batch). The report compares
 mean host time per step of batch c with A's, as a share of A's step (docs/bench-plain-decode.md). A settled C still
 drafts and plans for all c requests on its probe steps.
+Output identity: with --dtype float32 every arm must emit A's tokens; in bf16 each mismatch's first differing token
+is classified near tie or not by probing A's server after the timed rounds (tooling/bench/output_identity.py); a
+mismatch that is not excused fails the run (exit 1, after the report is written).
 """
 from __future__ import annotations
 
@@ -80,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens per request (default 96)")
     parser.add_argument("--prompt-tokens", type=int, default=128, help="prompt length (default 128)")
     parser.add_argument("--width", type=int, default=8, help="--speculative-num-draft-tokens of D and C (default 8)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                        help="--dtype of every server (default bfloat16; float32: every arm must emit A's tokens)")
     parser.add_argument("--out", default=str(DOC), help=f"report (default {DOC}; '-': none)")
 
 
@@ -131,11 +136,13 @@ def run_model(args: argparse.Namespace, impl: str, work: Path) -> dict:
     from k3_sglang.tooling.bench.verify import _post_all, chat_prompt, run_cell
 
     running = str(max(8, *args.concurrency))
-    flags = ["--disable-radix-cache", "--max-running-requests", running, "--max-total-tokens", "32768"]
+    flags = ["--disable-radix-cache", "--max-running-requests", running, "--max-total-tokens", "32768",
+             "--dtype", getattr(args, "dtype", "bfloat16")]
     spec = ["--speculative-algorithm", "K3_CSV", "--speculative-num-draft-tokens", str(args.width)]
     servers: dict[str, K3ServerProcess] = {}
     prefixes = {arm: work / f"steps-{impl}-{arm}" for arm in args.arms}
     rounds: dict[int, dict[str, list]] = {c: {arm: [] for arm in args.arms} for c in args.concurrency}
+    prompts: dict[str, list[int]] = {}
     try:
         for arm in args.arms:
             servers[arm] = K3ServerProcess(flags + ([] if arm == "A" else spec), work / f"serve-{impl}-{arm}.log",
@@ -146,6 +153,7 @@ def run_model(args: argparse.Namespace, impl: str, work: Path) -> dict:
             for i in range(args.requests):
                 keyed = [(f"{impl}/c{c}/{i}/{j}", chat_prompt(args.prompt_tokens, 7_000 + 1_000 * c + c * i + j))
                          for j in range(c)]
+                prompts.update(keyed)
                 shift = i % len(args.arms)
                 order = args.arms[shift:] + args.arms[:shift]
                 for arm in order:
@@ -153,12 +161,28 @@ def run_model(args: argparse.Namespace, impl: str, work: Path) -> dict:
                     _, res = run_cell(servers[arm].url, keyed, c, args.max_new_tokens)
                     rounds[c][arm].append((sorted(res, key=lambda r: r.key), t0, time.perf_counter()))
                 print(f"{impl}: c={c} round {i + 1}/{args.requests} on {', '.join(order)}", flush=True)
+        mismatches = explain_outputs(servers["A"].url, rounds, prompts, getattr(args, "dtype", "bfloat16"))
         time.sleep(3 * FLUSH_SECONDS)  # the servers' step writers take their last records (no atexit on a signal)
     finally:
         for s in servers.values():
             s.stop()
     rows = {arm: read_steps(prefixes[arm]) for arm in args.arms}
-    return {c: {arm: arm_result(rows[arm], rounds[c][arm], c) for arm in args.arms} for c in args.concurrency}
+    return ({c: {arm: arm_result(rows[arm], rounds[c][arm], c) for arm in args.arms} for c in args.concurrency},
+            mismatches)
+
+
+def explain_outputs(url: str, rounds: dict, prompts: dict[str, list[int]], dtype: str) -> list:
+    """Every arm's greedy mismatch against A, classified at its first differing token by probing A's server
+    (tooling/bench/output_identity.py); run after the timed rounds, so the probes are never timed."""
+    from k3_sglang.tooling.bench.output_identity import explain, server_vocab
+
+    outputs: dict[str, dict[str, tuple[int, ...]]] = {}
+    for by_arm in rounds.values():
+        for arm, arm_rounds in by_arm.items():
+            for results, _, _ in arm_rounds:
+                for r in results:
+                    outputs.setdefault(r.key, {})[arm] = r.output_ids
+    return explain(outputs, prompts, url, dtype, server_vocab(url))
 
 
 def arm_result(rows: list[dict], rounds: list, c: int) -> dict:
@@ -182,11 +206,16 @@ def run(args: argparse.Namespace) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="k3-bench-plain-decode-"))
-    per_model = {impl: run_model(args, impl, work) for impl in _impls(args)}  # impl -> c -> arm -> result
-    text = report(args, started, load_before, per_model)
+    per_model, mismatches = {}, []
+    for impl in _impls(args):
+        per_model[impl], found = run_model(args, impl, work)  # impl -> c -> arm -> result
+        mismatches += found
+    text = report(args, started, load_before, per_model, mismatches)
     print(text)
     if args.out != "-":
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
         print(f"wrote {args.out}")
-    return 0
+    from k3_sglang.tooling.bench.output_identity import failed
+
+    return 1 if failed(mismatches) else 0

@@ -10,7 +10,8 @@ GOAL = 0.01  # the issue's bar: a server that decides plain decode costs at most
 
 def extra_share(arm_steps, base_steps) -> float:
     """Mean host time per step above the base arm's, as a share of the base arm's whole step (loop p50). The mean,
-    not the median: a settled C drafts and plans on one step in PROBE_EVERY, and throughput pays every step."""
+    not the median: a settled C drafts and plans on its probe steps only (spec/policy.py), and throughput pays every
+    step."""
     return (arm_steps.host_mean - base_steps.host_mean) / base_steps.loop
 
 
@@ -31,7 +32,8 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
 
-def model_section(impl: str, c: int, arms: dict, help_text: dict[str, str]) -> list[str]:
+def model_section(impl: str, c: int, arms: dict, help_text: dict[str, str], mismatches=None,
+                  dtype: str = "bfloat16") -> list[str]:
     base = arms["A"]["steps"]
     name = "SGLang's own K3 (`kimi_k3`)" if impl == "sglang" else "the portable K3"
     unit = "request" if c == 1 else "round"
@@ -70,14 +72,22 @@ def model_section(impl: str, c: int, arms: dict, help_text: dict[str, str]) -> l
     else:
         counts = ", ".join(f"{arm} = A on {k} / {n}" for arm, k in same.items())
         lines.append(f"- output identity: **OUTPUT MISMATCH** ({counts})")
+        if mismatches is not None:
+            from k3_sglang.tooling.bench.output_identity import summary_lines
+
+            lines += ["  " + x for x in summary_lines([m for m in mismatches if m.key.startswith(f"{impl}/c{c}/")],
+                                                      dtype)]
     return lines + [""]
 
 
-def report(args, started, load_before, per_model: dict) -> str:
+def report(args, started, load_before, per_model: dict, mismatches=None) -> str:
     from k3_sglang.tooling.bench.plain_decode import ARM_HELP
     from k3_sglang.tooling.bench.profile_verify import machine
 
+    from k3_sglang.tooling.bench.verify_report import IDENTITY_HOW
+
     load = os.getloadavg()
+    dtype = getattr(args, "dtype", "bfloat16")
     arms = " ".join(args.arms)
     head = [
         "# `k3 bench plain-decode`: what K3_CSV costs per step when it decides plain decode", "",
@@ -86,9 +96,10 @@ def report(args, started, load_before, per_model: dict) -> str:
         "```",
         f"k3 bench plain-decode --model-impl {args.model_impl} --arms {arms} --requests {args.requests} "
         f"--concurrency {' '.join(map(str, args.concurrency))} --max-new-tokens {args.max_new_tokens} "
-        f"--prompt-tokens {args.prompt_tokens} --width {args.width}",
+        f"--prompt-tokens {args.prompt_tokens} --width {args.width}"
+        + (f" --dtype {dtype}" if dtype != "bfloat16" else ""),
         "```", "",
-        "Servers: the tiny K3 (random weights) in bf16 with `k3 serve` defaults, `--disable-radix-cache`, SGLang "
+        f"Servers: the tiny K3 (random weights) in {'bf16' if dtype == 'bfloat16' else dtype} with `k3 serve` defaults, `--disable-radix-cache`, SGLang "
         "0.5.23 on CPU, every arm alive at once and every server with `K3_STEP_TIMING` "
         "(k3_sglang/serving/step_timing.py). Requests: rounds of c greedy requests released together (c = the "
         "section's concurrency; one request at c = 1), random prompts by input_ids, ignore_eos; the arms take turns "
@@ -99,15 +110,16 @@ def report(args, started, load_before, per_model: dict) -> str:
         "every decode step of batch c in the timed rounds (warm-up, prefill and the rounds' ramps are left out). The "
         "goal lines: per round, the arm's mean host time per step above A's on the same prompts, run next to it, as "
         "a share of A's step in that round; the median over rounds (the machine's drift cancels in the pair). The "
-        "mean, because a settled C drafts and plans for all c requests on one step in four (spec/policy.py: its "
-        "probes) and throughput pays for every step; the run_batch, process_batch_result and rest-of-loop columns "
+        "mean, because a settled C drafts and plans for all c requests on its probe steps only (spec/policy.py: one "
+        "step in 4 to 64, priced against a decode step) and throughput pays for every step; the run_batch, process_batch_result and rest-of-loop columns "
         "are medians. Client decode tok/s = c x tokens after the first / stream time after the first, pooled.", "",
         "Why host time: the forward is the same code in every arm (a plain DECODE forward, no spec input), so what "
         "a speculative server adds when it decides plain decode is host time; it is measured per step inside the "
         "server, where this machine's drift (the drift line below: the same forward a request apart) does not blur "
-        "a 1% difference the way client tok/s does.", ""]
+        "a 1% difference the way client tok/s does.", "",
+        "Output identity: " + IDENTITY_HOW[dtype == "float32"], ""]
     body: list[str] = []
     for impl, by_c in per_model.items():
         for c, arm_results in by_c.items():
-            body += model_section(impl, c, arm_results, ARM_HELP)
+            body += model_section(impl, c, arm_results, ARM_HELP, mismatches, dtype)
     return "\n".join(head + body)

@@ -12,6 +12,9 @@ At each concurrency c, c closed-loop workers each stream --requests-per-worker g
 (ignore_eos, --max-new-tokens, distinct prompts by input_ids, the same prompts for every arm); arms interleave
 per round (A, B, C, A, B, C, ...). Reports decode and end-to-end tokens/s, ratios, accept length, C's fraction of
 plain-decode steps, output identity across arms, the issue's goals; writes docs/bench-verify.md and a plot.
+Output identity: in float32 (--dtype float32) every arm must emit A's tokens; in bf16 each mismatch's first
+differing token is classified near tie or not by probing A's server (tooling/bench/output_identity.py). A mismatch
+that is not excused fails the run (exit 1, after the report is written).
 --pp-size N runs all three arms as N-stage pipelines (K3_CSV inside SGLang's PP relay, spec/pp_hooks.py).
 """
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from k3_sglang.tooling.bench.output_identity import failed
 from k3_sglang.tooling.bench.verify_report import ARMS, CellRun, RequestResult, StepTotals
 
 DOC = Path("docs/bench-verify.md")
@@ -271,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
                 start(arm, spec, _spec_env(mode, "lookup", records[arm], args, None), "lookup")
             for w in lookup:
                 measure(w)
+        mismatches = explain_outputs(servers["A"].url, outputs, prompts, args.dtype or "bfloat16")
     finally:
         for s in servers.values():
             s.stop()
@@ -278,6 +283,16 @@ def run(args: argparse.Namespace) -> int:
     cells = {k: summarize_cell(v) for k, v in runs.items()}
     from k3_sglang.tooling.bench.verify_report import write_report
 
-    text = write_report(args, started, load_before, cells, outputs, conc, per_worker, work)
+    text = write_report(args, started, load_before, cells, outputs, conc, per_worker, work, mismatches)
     print(text)
-    return 0
+    return 1 if failed(mismatches) else 0
+
+
+def explain_outputs(url: str, outputs: dict, prompts: dict, dtype: str) -> list:
+    """Every arm's (and the oracle pass's) greedy mismatch against A, classified at its first differing token by
+    probing A's server (tooling/bench/output_identity.py)."""
+    from k3_sglang.tooling.bench.output_identity import explain, server_vocab
+
+    by_key = {f"{w}/r{r}/c{c}/{i}": ids for w, table in prompts.items() for (r, c), ps in table.items()
+              for i, ids in enumerate(ps)}
+    return explain(outputs, by_key, url, dtype, server_vocab(url))

@@ -105,6 +105,8 @@ class CellSummary:
     verify_accept: float | None  # tokens committed per request per verify step (step records)
     decode_fraction: float | None  # decode rounds run as plain decode (step records)
     rounds: int
+    decode_per_round: tuple[float, ...] = ()  # the cell's rate in each round, in round order (the spread)
+    e2e_per_round: tuple[float, ...] = ()
 
 
 def summarize_cell(runs: list[CellRun]) -> CellSummary:
@@ -114,7 +116,22 @@ def summarize_cell(runs: list[CellRun]) -> CellSummary:
     meta = [q.accept_length for r in runs for q in r.requests if q.accept_length is not None]
     per_round = statistics.mean(meta) if meta else steps.tokens_per_step
     return CellSummary(statistics.median(r.decode_tps for r in runs), statistics.median(r.e2e_tps for r in runs),
-                       per_round, steps.accept_length, steps.decode_fraction, len(runs))
+                       per_round, steps.accept_length, steps.decode_fraction, len(runs),
+                       tuple(r.decode_tps for r in runs), tuple(r.e2e_tps for r in runs))
+
+
+def round_ratios(cells, workload: str, c: int, metric: str = "decode_tps") -> list[float]:
+    """C / max(A, B) in each round of one cell (the arms of a round ran next to each other); [] without per-round
+    rates."""
+    field_name = "decode_per_round" if metric == "decode_tps" else "e2e_per_round"
+    a, b, cc = (getattr(cells[(workload, c, arm)], field_name) for arm in ARMS)
+    return [z / max(x, y) for x, y, z in zip(a, b, cc)]
+
+
+def spread_text(ratios: list[float]) -> str:
+    """'0.95-1.02 over 2 rounds' (min to max of the per-round ratios), or '-' without them."""
+    return f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} rounds" if ratios else "-"
+
 
 
 def identity(outputs: dict[str, dict[str, tuple[int, ...]]]) -> tuple[int, int, list[str]]:
@@ -148,25 +165,29 @@ def goals(cells: dict[tuple[str, int, str], CellSummary], workload: str, concurr
           metric: str = "decode_tps") -> dict:
     """Issue 11's two goals on `metric` for one workload: per-concurrency pass flags and the top-B-loses check."""
     per_c = {}
+    noise = {}  # c -> True where the cell misses on its medians but some round of it met the bar
     loses = []
     for c in concurrency:
         a, b, cc = (getattr(cells[(workload, c, arm)], metric) for arm in ARMS)
         per_c[c] = cc >= (1 - GOAL_TOLERANCE) * max(a, b)
+        ratios = round_ratios(cells, workload, c, metric)
+        noise[c] = not per_c[c] and bool(ratios) and max(ratios) >= 1 - GOAL_TOLERANCE
         if b < a:
             loses.append(c)
     top = max(loses) if loses else None
     top_ratio = None
     if top is not None:
         top_ratio = getattr(cells[(workload, top, "C")], metric) / getattr(cells[(workload, top, "B")], metric)
-    return {"every_c": per_c, "goal1": all(per_c.values()), "top_loses": top, "top_ratio": top_ratio,
+    return {"every_c": per_c, "within_noise": noise, "goal1": all(per_c.values()), "top_loses": top,
+            "top_ratio": top_ratio,
             "goal2": None if top is None else top_ratio >= GOAL_TOP_RATIO}
 
 
 def workload_table(cells, workload: str, concurrency: list[int]) -> str:
     lines = ["| c | A decode tok/s | B decode tok/s | C decode tok/s | C/A | C/B | C/max(A,B) | "
              "A e2e tok/s | B e2e tok/s | C e2e tok/s | C/max(A,B) e2e | B tok/round | C tok/round | "
-             "B accept/verify | C accept/verify | C plain-decode rounds |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "B accept/verify | C accept/verify | C plain-decode rounds | C/max(A,B) per round (min-max) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in concurrency:
         a, b, cc = (cells[(workload, c, arm)] for arm in ARMS)
         lines.append(
@@ -176,7 +197,8 @@ def workload_table(cells, workload: str, concurrency: list[int]) -> str:
             f"{a.e2e_tps:.1f} | {b.e2e_tps:.1f} | {cc.e2e_tps:.1f} | {cc.e2e_tps / max(a.e2e_tps, b.e2e_tps):.3f} | "
             f"{_fmt(b.tokens_per_round)} | {_fmt(cc.tokens_per_round)} | {_fmt(b.verify_accept)} | "
             f"{_fmt(cc.verify_accept)} | "
-            f"{'-' if cc.decode_fraction is None else f'{cc.decode_fraction * 100:.0f}%'} |")
+            f"{'-' if cc.decode_fraction is None else f'{cc.decode_fraction * 100:.0f}%'} | "
+            f"{spread_text(round_ratios(cells, workload, c))} |")
     return "\n".join(lines)
 
 
@@ -185,8 +207,12 @@ def goal_lines(cells, workload: str, concurrency: list[int]) -> list[str]:
     for metric, label in (("decode_tps", "decode tok/s"), ("e2e_tps", "end-to-end tok/s")):
         g = goals(cells, workload, concurrency, metric)
         fails = [c for c, ok in g["every_c"].items() if not ok]
+        noisy = [c for c in fails if g["within_noise"][c]]
+        why = "; ".join(f"c = {c}: C/max(A,B) per round {spread_text(round_ratios(cells, workload, c, metric))}"
+                        + (", a round met the bar: a miss within the noise" if c in noisy else ", no round met it")
+                        for c in fails)
         out.append(f"- {label}, C >= max(A, B) - 1% at every concurrency: "
-                   + ("**met**" if g["goal1"] else f"**NOT met** (fails at c = {', '.join(map(str, fails))})"))
+                   + ("**met**" if g["goal1"] else f"**NOT met** (fails at c = {', '.join(map(str, fails))}; {why})"))
         if g["top_loses"] is None:
             out.append(f"- {label}, C >= 1.68 x B where B loses: not applicable (B is not slower than A at any "
                        "concurrency measured)")
@@ -220,7 +246,11 @@ def plot(cells, workloads: list[str], concurrency: list[int], path) -> None:
     plt.close(fig)
 
 
-def identity_lines(outputs, workloads: list[str]) -> list[str]:
+def identity_lines(outputs, workloads: list[str], mismatches=None, dtype: str = "bfloat16") -> list[str]:
+    """Per workload: prompts identical across arms and, for the mismatches, the near-tie classification of their
+    first differing token (tooling/bench/output_identity.py; None: not classified)."""
+    from k3_sglang.tooling.bench.output_identity import summary_lines
+
     lines = []
     for w in workloads:
         sub = {k: v for k, v in outputs.items() if k.startswith(w + "/")}
@@ -233,10 +263,23 @@ def identity_lines(outputs, workloads: list[str]) -> list[str]:
         else:
             lines.append(f"- **{w}: OUTPUT MISMATCH: only {same} / {total} prompts token-identical across {what}** "
                          f"({pairs}); first mismatched: {', '.join(bad[:5])}")
+            if mismatches is not None:
+                lines += ["  " + x for x in summary_lines([m for m in mismatches if m.key.startswith(w + "/")],
+                                                          dtype)]
     return lines
 
 
-def write_report(args, started, load_before, cells, outputs, concurrency, per_worker, work) -> str:
+IDENTITY_HOW = {
+    False: "bf16: every arm's output is compared with A's on the same prompt. A mismatch is excused only as a near "
+           "tie: at its first differing token (context = prompt + the tokens both agree on) A's server is asked for "
+           "that position's log-probability row (one prefill, return_logprob, top_logprobs_num = vocabulary), and the "
+           "two tokens must be the row's top two with a gap <= |logit| x 2^-8 (bf16's rounding of that row; |logit| "
+           "measured from the row's mean). Any other mismatch fails the run (exit 1).",
+    True: "float32: token identity across arms is the check; any mismatch fails the run (exit 1)."}
+
+
+def write_report(args, started, load_before, cells, outputs, concurrency, per_worker, work,
+                 mismatches=None) -> str:
     """The markdown of the run (printed; written to args.out with the plot beside it unless args.out is '-')."""
     import os
     from pathlib import Path
@@ -278,8 +321,11 @@ def write_report(args, started, load_before, cells, outputs, concurrency, per_wo
         "tokens / cell wall time. tok/round = completion tokens per request per decode round, plain rounds included "
         "(SGLang's meta_info spec_accept_length, else the K3_SPEC_RECORD step records); accept/verify = tokens "
         "committed per request per verify step (step records); C plain-decode rounds = the share of C's decode "
-        "rounds that the planner ran as plain decode (step records).", "",
-        "## Output identity (greedy, token ids)", "", *identity_lines(outputs, args.workloads), ""]
+        "rounds that the planner ran as plain decode (step records); C/max(A,B) per round = that ratio in each "
+        "round (the arms of a round ran next to each other), its min-max the cell's spread: a goal line names each "
+        "missed cell's spread and says *a miss within the noise* when some round of it met the bar.", "",
+        "## Output identity (greedy, token ids)", "", IDENTITY_HOW[(args.dtype or "bfloat16") == "float32"], "",
+        *identity_lines(outputs, args.workloads, mismatches, args.dtype or "bfloat16"), ""]
     for w in workloads:
         parts += [f"## {w}", "", workload_table(cells, w, concurrency), "", "Goals:", "",
                   *goal_lines(cells, w, concurrency), ""]
