@@ -83,9 +83,14 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     W = weight.shape[1]
     idx = conv_state_indices.long() if conv_state_indices is not None else torch.arange(B)
     valid = idx != pad_slot_id
+    all_valid = bool(valid.all())
+    rows = torch.cat([conv_state[idx if all_valid else idx.clamp(min=0)].float(), xs.float()], 2).transpose(1, 2)
+    y = _conv(rows, weight, bias, activation is not None)  # [B, n, D] from rows [B, W-1 + n, D]
+    if all_valid and intermediate_conv_window is None:  # a plain decode: no padding rows to mask or skip
+        conv_state[idx] = rows[:, n:].transpose(1, 2).to(conv_state.dtype)
+        y = y.transpose(1, 2).to(x.dtype)
+        return y[:, :, 0] if single else y
     keep = valid.nonzero().flatten()
-    rows = torch.cat([conv_state[idx.clamp(min=0)].float(), xs.float()], 2).transpose(1, 2)  # [B, W-1 + n, D]
-    y = _conv(rows, weight, bias, activation is not None)  # [B, n, D]
     if intermediate_conv_window is None:
         conv_state[idx[keep]] = rows[keep, n:].transpose(1, 2).to(conv_state.dtype)
     else:

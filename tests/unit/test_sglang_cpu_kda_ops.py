@@ -155,6 +155,28 @@ def test_a_plain_decode_is_bit_identical_to_the_first_token_of_a_verify_chain():
     assert_bit_exact("decode state = chain state after token 0", scratch[:, 0], dec_state[slots.long()])
 
 
+def test_a_conv_decode_with_no_padding_matches_the_reference_and_a_verify_chain():
+    conv_w = _weights()[0]
+    B, n = 3, 2
+    slots = torch.tensor([2, 0, 3], dtype=torch.int32)
+    conv, _ = _pools(4)
+    conv0 = conv.clone()
+    x = torch.randn(B, D, n)
+    y = kda_ops.causal_conv1d_update(x[:, :, 0], conv.transpose(-1, -2), conv_w, None, "silu",
+                                     conv_state_indices=slots)
+    scratch = torch.full((B, n, D, W - 1), float("nan"))
+    y_chain = kda_ops.causal_conv1d_update(x, conv0.clone().transpose(-1, -2), conv_w, None, "silu",
+                                           conv_state_indices=slots, intermediate_conv_window=scratch,
+                                           intermediate_state_indices=torch.arange(B))
+    assert_bit_exact("decode y = chain y at token 0", y_chain[:, :, 0], y)
+    for i, slot in enumerate(slots.tolist()):
+        want_y, want_window = short_conv_silu(x[i, :, :1].t().double(), conv_w.double(), conv0[slot].double())
+        assert_close(f"conv decode y[{i}]", want_y[0], y[i], FP32_VS_FP64)
+        assert_close(f"conv decode window[{i}]", want_window, conv[slot], FP32_VS_FP64)
+        assert_bit_exact(f"window[{i}] = chain window after token 0", scratch[i, 0], conv[slot].t())
+    assert_bit_exact("slot 1 untouched", conv0[1], conv[1])
+
+
 def test_gate_without_lower_bound_is_kdas_softplus_gate():
     A_log, dt_bias = torch.randn(H), torch.randn(H * K)
     a, b = torch.randn(5, H * K), torch.randn(5, H)
