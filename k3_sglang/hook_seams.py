@@ -114,6 +114,9 @@ NO_PUBLIC_SEAM: dict[str, str] = {
     "sglang.srt.layers.moe.moe_runner.base.FusedOpPool.get_fused_func":
         "`register_fused_func` refuses a second entry, SGLang registers ('none', 'triton') itself, and MoeRunner "
         "prefers the fused function over our registered runner core",
+    "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply":
+        "an unquantized layer's method is built directly by LinearBase, not looked up in the quantization "
+        "registry; its CPU branch is sgl_kernel's AMX weight_packed_linear (absent here), otherwise plain F.linear",
     "sglang.srt.mem_cache.allocation.get_last_loc":
         "it picks Triton by attention-backend name (only 'ascend'/'torch_native' go torch), not by "
         "`capabilities.supports_triton`, which our platform already answers False",

@@ -7,6 +7,45 @@ values as SGLang's eager fallbacks with fewer, larger ops.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+# A reduced-precision (bf16/fp16) GEMM on CPU goes through oneDNN, which costs ~25 us per call whatever its size on
+# this repo's Xeons, against ~4 us for a float32 GEMM of a decode-sized problem (1 x 128 x 256). Up to this many
+# multiply-adds (rows x N x K) a linear runs in float32 against a cached float32 copy of its weight; above it the
+# bf16 GEMM (AMX) wins. Weights are copied only when N x K <= SMALL_GEMM_MACS, so at most 2 MiB each.
+SMALL_GEMM_MACS = 1 << 19
+
+
+def float32_copy(w: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of weight w, made once and kept on w (`_k3_fp32`); made again when w is written in place
+    (its version counter moves) or its storage changes. w itself when it is float32 already."""
+    if w.dtype == torch.float32:
+        return w
+    try:
+        version = w._version
+    except RuntimeError:  # an inference tensor has no version counter
+        version = None
+    key = (w.data_ptr(), version)
+    cached = getattr(w, "_k3_fp32", None)
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            cached = (key, w.detach().float())
+        w._k3_fp32 = cached
+    return cached[1]
+
+
+def small_gemm(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """True where x [..., K] @ w [N, K]^T is a small reduced-precision CPU GEMM that runs faster in float32."""
+    return (x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16) and w.dtype == x.dtype
+            and w.dim() == 2 and x.numel() * w.shape[0] <= SMALL_GEMM_MACS
+            and w.shape[0] * w.shape[1] <= SMALL_GEMM_MACS)
+
+
+def small_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ w [N, K]^T (+ bias [N]) -> [..., N] in x.dtype, computed in float32 (inputs exact in float32;
+    float32 accumulation as oneDNN's bf16 GEMM does; one rounding to x.dtype at the end)."""
+    b = bias.float() if bias is not None else None
+    return F.linear(x.float(), float32_copy(w), b).to(x.dtype)
 
 
 def attn_res_mix(prefix_sum: torch.Tensor, bank: torch.Tensor, nvb: int, cw: torch.Tensor, eps: float) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from k3_sglang.kernels.kda.decode_common import chain_layout
-from k3_sglang.kernels.kda.naive import _chunk_group_size, _intra_chunk, delta_rule_step, kda_gate, l2_normalize
+from k3_sglang.kernels.kda.naive import _chunk_group_size, _intra_chunk, kda_gate, l2_normalize
 
 PAD_SLOT_ID = -1
 CHUNK = 64  # SGLang's KDA chunk: its per-chunk states (h) and track snapshots sit on 64-token boundaries
@@ -83,9 +83,14 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     W = weight.shape[1]
     idx = conv_state_indices.long() if conv_state_indices is not None else torch.arange(B)
     valid = idx != pad_slot_id
+    all_valid = bool(valid.all())
+    rows = torch.cat([conv_state[idx if all_valid else idx.clamp(min=0)].float(), xs.float()], 2).transpose(1, 2)
+    y = _conv(rows, weight, bias, activation is not None)  # [B, n, D] from rows [B, W-1 + n, D]
+    if all_valid and intermediate_conv_window is None:  # a plain decode: no padding rows to mask or skip
+        conv_state[idx] = rows[:, n:].transpose(1, 2).to(conv_state.dtype)
+        y = y.transpose(1, 2).to(x.dtype)
+        return y[:, :, 0] if single else y
     keep = valid.nonzero().flatten()
-    rows = torch.cat([conv_state[idx.clamp(min=0)].float(), xs.float()], 2).transpose(1, 2)  # [B, W-1 + n, D]
-    y = _conv(rows, weight, bias, activation is not None)  # [B, n, D]
     if intermediate_conv_window is None:
         conv_state[idx[keep]] = rows[keep, n:].transpose(1, 2).to(conv_state.dtype)
     else:
@@ -193,6 +198,20 @@ def kda_extend(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cache_
     return o
 
 
+def _token_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                S: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One gated delta-rule token of B requests in the pool's layout, float32.
+
+    q, k [B, H, K] (L2-normalised), v [B, H, V], g [B, H, K] log-decay, beta [B, H], S [B, H, V, K].
+    S <- S * exp(g); S <- S + (beta * (v - S k)) k^T; o = S (scale * q). Returns (o [B, H, V], new S [B, H, V, K]).
+    Plain matmuls on [B, ...] tensors (no einsum parsing, no transposes): the same bits for the same B whether
+    the caller decodes one token or walks a verify chain."""
+    S = S * g.exp()[:, :, None, :]
+    delta = beta[..., None] * (v - (S @ k[..., None])[..., 0])
+    S = S + delta[..., :, None] * k[:, :, None, :]
+    return (S @ (q * scale)[..., None])[..., 0], S
+
+
 def kda_recurrent(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cache_indices, query_start_loc,
                   write_state: bool = True, intermediate_states=None, intermediate_state_indices=None):
     """Token-by-token KDA of short sequences (decode: one token each; a verify: each request's chain).
@@ -202,8 +221,9 @@ def kda_recurrent(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cac
     cache_indices [B]. write_state: store each request's final state in its slot; intermediate_states
     [rows, n_max, H, V, K] (with intermediate_state_indices [B]) gets the state after every token t of request b
     at [intermediate_state_indices[b], t] instead (the slot is left unchanged; steps past a chain's end hold its
-    final state). All requests advance one token per step together, every op on [B, ...] tensors, so a chain's
-    state after token t is bit-identical to decoding tokens 0..t in a batch of the same size.
+    final state). All requests advance one token per step together, every op on [B, ...] tensors (_token_step),
+    so a chain's state after token t is bit-identical to decoding tokens 0..t in a batch of the same size.
+    A plain decode (one token per request, T == B) reads its [B, ...] rows in place, with no chain gathers.
     Returns o [1, T, H, V] in v.dtype.
     """
     _, T, H, K = k.shape
@@ -213,17 +233,28 @@ def kda_recurrent(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cac
         return torch.zeros_like(v)
     if query_start_loc.numel() != B + 1:
         raise ValueError(f"KDA recurrent path: query_start_loc {tuple(query_start_loc.shape)} for {B} requests")
-    rows, _ = chain_layout(query_start_loc.cpu(), T)  # [B, n]: packed row of token t of request b (T = padding)
-    n = rows.shape[1]
     idx = cache_indices.long()
     valid = idx != PAD_SLOT_ID
-    safe = idx.clamp(min=0)
+    all_valid = bool(valid.all())
+    safe = idx if all_valid else idx.clamp(min=0)
+    S = ssm_states[safe].float()  # [B, H, V, K]
+    scale = K ** -0.5
+    if T == B and intermediate_states is None and query_start_loc.tolist() == list(range(B + 1)):
+        g, beta = gate_and_beta(a.reshape(B, H * K), b.reshape(B, H), A_log, dt_bias, lower_bound, H, K)
+        o, S = _token_step(l2_normalize(q[0].float(), L2_EPS), l2_normalize(k[0].float(), L2_EPS), v[0].float(),
+                           g, beta, S, scale)
+        if not all_valid:
+            o = torch.where(valid[:, None, None], o, 0.0)
+        if write_state:
+            ssm_states[idx if all_valid else idx[valid]] = (S if all_valid else S[valid]).to(ssm_states.dtype)
+        return o[None].to(v.dtype)
+    rows, _ = chain_layout(query_start_loc.cpu(), T)  # [B, n]: packed row of token t of request b (T = padding)
+    n = rows.shape[1]
 
     def dense(x: torch.Tensor, *shape) -> torch.Tensor:  # packed [T, ...] -> [B, n, ...], zero padding rows
         x = x.float().reshape(T, *shape)
         return torch.cat([x, x.new_zeros(1, *shape)])[rows]
 
-    S = ssm_states[safe].float().transpose(-1, -2)  # [B, H, K, V]
     qs, ks, vs = dense(q, H, K), dense(k, H, K), dense(v, H, V)
     a_s, b_s = dense(a, H * K), dense(b, H)
     inter_rows = intermediate_state_indices[:B].long()[valid] if intermediate_states is not None else None
@@ -234,14 +265,13 @@ def kda_recurrent(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cac
             return x[:, t].contiguous()
 
         g, beta = gate_and_beta(step(a_s), step(b_s), A_log, dt_bias, lower_bound, H, K)
-        o_t, S_t, _ = delta_rule_step(l2_normalize(step(qs), L2_EPS), l2_normalize(step(ks), L2_EPS), step(vs), g,
-                                      beta, K ** -0.5, S)
+        o_t, S_t = _token_step(l2_normalize(step(qs), L2_EPS), l2_normalize(step(ks), L2_EPS), step(vs), g, beta,
+                               S, scale)
         S = torch.where((rows[:, t] < T).view(B, 1, 1, 1), S_t, S)  # a finished chain keeps its state
         o[rows[:, t]] = o_t
         if inter_rows is not None:
-            intermediate_states[inter_rows, t] = S[valid].transpose(-1, -2).to(intermediate_states.dtype)
+            intermediate_states[inter_rows, t] = S[valid].to(intermediate_states.dtype)
     o[:T][~valid.repeat_interleave(rows.lt(T).sum(1))] = 0  # padding requests output 0
     if write_state:
-        ssm_states[idx[valid]] = S[valid].transpose(-1, -2).to(ssm_states.dtype)
+        ssm_states[idx[valid]] = S[valid].to(ssm_states.dtype)
     return o[:T][None].to(v.dtype)
-

@@ -88,25 +88,30 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
 def _dense_experts(x, w13, w2, topk_weights, topk_ids, config, b13, b2) -> torch.Tensor:
     """grouped_experts for a small batch: every expert on every token (one GEMM against all experts' [gate; up] rows,
     one batched down GEMM), combined with a [T, E] weight matrix that is zero off-route (the same per-(token, expert)
-    results; ids outside [0, E) get weight 0)."""
+    results; ids outside [0, E) get weight 0). Computed in float32 against cached float32 copies of the expert
+    weights (fast_ops.float32_copy: at these sizes a bf16 GEMM costs several times a float32 one on CPU), rounded
+    to x.dtype once at the end."""
+    from k3_sglang.sglang_cpu.fast_ops import float32_copy
+
     T, E = x.shape[0], w13.shape[0]
     ids = topk_ids.long()
     routed = (ids >= 0) & (ids < E)
     weight = torch.zeros(T, E, dtype=torch.float32, device=x.device)
     weight.scatter_add_(1, ids.clamp(0, E - 1), torch.where(routed, topk_weights.float(), 0.0))
+    w13f, w2f, xf = float32_copy(w13), float32_copy(w2), x.float()
     if config.apply_router_weight_on_input:
-        xs = (x.unsqueeze(0).float() * weight.t()[:, :, None]).to(x.dtype)  # [E, T, D]
-        h = torch.bmm(xs, w13.to(x.dtype).transpose(1, 2)).transpose(0, 1)  # [T, E, 2I]
+        xs = xf.unsqueeze(0) * weight.t()[:, :, None]  # [E, T, D]
+        h = torch.bmm(xs, w13f.transpose(1, 2)).transpose(0, 1)  # [T, E, 2I]
     else:  # x [T, D] @ [E * 2I, D]^T
-        h = (x @ w13.to(x.dtype).reshape(E * w13.shape[1], -1).t()).view(T, E, -1)  # [T, E, 2I]
+        h = (xf @ w13f.reshape(E * w13.shape[1], -1).t()).view(T, E, -1)  # [T, E, 2I]
     if b13 is not None:
-        h = (h.float() + b13.float()).to(x.dtype)
-    act = gated_activation(h.reshape(T * E, -1), config).view(T, E, -1).transpose(0, 1)  # [E, T, I]
-    y = torch.bmm(act, w2.to(x.dtype).transpose(1, 2))  # [E, T, D]
+        h = h + b13.float()
+    act = gated_activation(h.reshape(T * E, -1), config).view(T, E, -1).transpose(0, 1)  # [E, T, I] float32
+    y = torch.bmm(act, w2f.transpose(1, 2))  # [E, T, D]
     if b2 is not None:
-        y = (y.float() + b2.float()[:, None]).to(x.dtype)
+        y = y + b2.float()[:, None]
     scale = torch.ones_like(weight) * (weight != 0) if config.apply_router_weight_on_input else weight
-    out = (y.float() * scale.t()[:, :, None]).sum(0)
+    out = (y * scale.t()[:, :, None]).sum(0)
     if config.routed_scaling_factor is not None:
         out = out * config.routed_scaling_factor
     return out.to(x.dtype)

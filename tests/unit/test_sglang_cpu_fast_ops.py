@@ -47,3 +47,39 @@ def test_flush_denormals_zeroes_denormal_results_in_this_thread():
     finally:
         torch.set_flush_denormal(False)
     assert float(tiny * 1e-10) > 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,N,K,bias", [(1, 256, 128, False), (16, 96, 64, True), (2, 1024, 128, True)])
+def test_small_linear_matches_the_float64_product(rows, N, K, bias, dtype):
+    x, w = torch.randn(2, rows, K).to(dtype), (torch.randn(N, K) / K ** 0.5).to(dtype)
+    b = torch.randn(N).to(dtype) if bias else None
+    assert fast_ops.small_gemm(x, w)
+    got = fast_ops.small_linear(x, w, b)
+    assert got.dtype == dtype and got.shape == (2, rows, N)
+    want = x.double() @ w.double().t() + (b.double() if bias else 0)
+    assert_close("small linear", want, got, BF16_VS_FP64)
+    assert_close("small linear against SGLang's bf16 GEMM", torch.nn.functional.linear(x, w, b).double(), got,
+                 BF16_VS_FP64)
+
+
+def test_small_gemm_takes_only_small_reduced_precision_cpu_products():
+    w = torch.zeros(256, 128, dtype=torch.bfloat16)
+    assert fast_ops.small_gemm(torch.zeros(16, 128, dtype=torch.bfloat16), w)
+    assert not fast_ops.small_gemm(torch.zeros(17, 128, dtype=torch.bfloat16), w)  # 17 x 256 x 128 > 2^19
+    assert not fast_ops.small_gemm(torch.zeros(1, 128), w.float())  # float32 already
+    assert not fast_ops.small_gemm(torch.zeros(1, 4096, dtype=torch.bfloat16),
+                                   torch.zeros(256, 4096, dtype=torch.bfloat16))  # a weight above 2^19: no copy
+
+
+def test_float32_copy_is_made_once_and_again_after_an_in_place_write():
+    w = torch.randn(8, 4).bfloat16()
+    first = fast_ops.float32_copy(w)
+    assert first.dtype == torch.float32 and torch.equal(first, w.float())
+    assert fast_ops.float32_copy(w) is first
+    with torch.no_grad():
+        w.copy_(torch.randn(8, 4))  # a weight update in place
+    again = fast_ops.float32_copy(w)
+    assert again is not first and torch.equal(again, w.float())
+    f32 = torch.randn(3, 3)
+    assert fast_ops.float32_copy(f32) is f32

@@ -134,6 +134,49 @@ def test_decode_step_and_verify_chain_match_the_reference():
             assert_close(f"verify state[{i}, {t}]", want_S, scratch[rows[i], t], FP32_VS_FP64)
 
 
+def test_a_plain_decode_is_bit_identical_to_the_first_token_of_a_verify_chain():
+    _, A_log, dt_bias = _weights()
+    B, n = 3, 2
+    slots = torch.tensor([1, 0, 2], dtype=torch.int32)
+    _, state = _pools(3)
+    q, k, f = torch.randn(B, n, H, K), torch.randn(B, n, H, K), torch.randn(B, n, H * K)
+    v, b = torch.randn(B, n, H, V), torch.randn(B, n, H)
+    kw = dict(A_log=A_log.view(1, 1, H, 1), dt_bias=dt_bias, lower_bound=LB, cache_indices=slots)
+    dec_state = state.clone()
+    o = kda_ops.kda_recurrent(q[None, :, 0], k[None, :, 0], v[None, :, 0], f[:, 0], b[None, :, 0],
+                              ssm_states=dec_state, query_start_loc=torch.arange(B + 1, dtype=torch.int32), **kw)
+    scratch = torch.full((B, n, H, V, K), float("nan"))
+    o_chain = kda_ops.kda_recurrent(q.reshape(1, B * n, H, K), k.reshape(1, B * n, H, K),
+                                    v.reshape(1, B * n, H, V), f.reshape(B * n, H * K), b.reshape(1, B * n, H),
+                                    ssm_states=state.clone(), write_state=False, intermediate_states=scratch,
+                                    intermediate_state_indices=torch.arange(B),
+                                    query_start_loc=torch.arange(0, B * n + 1, n, dtype=torch.int32), **kw)
+    assert_bit_exact("decode o = chain o at token 0", o_chain[0, ::n], o[0])
+    assert_bit_exact("decode state = chain state after token 0", scratch[:, 0], dec_state[slots.long()])
+
+
+def test_a_conv_decode_with_no_padding_matches_the_reference_and_a_verify_chain():
+    conv_w = _weights()[0]
+    B, n = 3, 2
+    slots = torch.tensor([2, 0, 3], dtype=torch.int32)
+    conv, _ = _pools(4)
+    conv0 = conv.clone()
+    x = torch.randn(B, D, n)
+    y = kda_ops.causal_conv1d_update(x[:, :, 0], conv.transpose(-1, -2), conv_w, None, "silu",
+                                     conv_state_indices=slots)
+    scratch = torch.full((B, n, D, W - 1), float("nan"))
+    y_chain = kda_ops.causal_conv1d_update(x, conv0.clone().transpose(-1, -2), conv_w, None, "silu",
+                                           conv_state_indices=slots, intermediate_conv_window=scratch,
+                                           intermediate_state_indices=torch.arange(B))
+    assert_bit_exact("decode y = chain y at token 0", y_chain[:, :, 0], y)
+    for i, slot in enumerate(slots.tolist()):
+        want_y, want_window = short_conv_silu(x[i, :, :1].t().double(), conv_w.double(), conv0[slot].double())
+        assert_close(f"conv decode y[{i}]", want_y[0], y[i], FP32_VS_FP64)
+        assert_close(f"conv decode window[{i}]", want_window, conv[slot], FP32_VS_FP64)
+        assert_bit_exact(f"window[{i}] = chain window after token 0", scratch[i, 0], conv[slot].t())
+    assert_bit_exact("slot 1 untouched", conv0[1], conv[1])
+
+
 def test_gate_without_lower_bound_is_kdas_softplus_gate():
     A_log, dt_bias = torch.randn(H), torch.randn(H * K)
     a, b = torch.randn(5, H * K), torch.randn(5, H)

@@ -126,3 +126,30 @@ def test_attn_res_mix_routes_cpu_to_the_fast_path_and_small_hidden_to_eager(monk
 def test_only_the_triton_runner_loses_its_fused_function():
     assert shims.no_fused_triton_moe(lambda *a: "fused", "none", "triton") is None
     assert shims.no_fused_triton_moe(lambda *a: "fused", "none", "deep_gemm") == "fused"
+
+
+def test_small_linear_shim_takes_small_bf16_cpu_linears_and_leaves_the_rest_to_sglang():
+    from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    method = UnquantizedLinearMethod()
+    seen = []
+    original = lambda self, layer, x, bias=None: seen.append("sglang") or "sglang"  # noqa: E731
+    small = types.SimpleNamespace(weight=(torch.randn(64, 32) / 32 ** 0.5).bfloat16())
+    x = torch.randn(4, 32).bfloat16()
+    got = shims.small_linear(original, method, small, x)
+    assert_close("small linear shim", x.double() @ small.weight.double().t(), got, 1e-2)
+    big = types.SimpleNamespace(weight=torch.zeros(1024, 1024, dtype=torch.bfloat16))
+    assert shims.small_linear(original, method, big, torch.zeros(1, 1024, dtype=torch.bfloat16)) == "sglang"
+    assert shims.small_linear(original, method, small, torch.zeros(4, 32)) == "sglang"  # float32 activations
+    assert seen == ["sglang", "sglang"]
+
+
+def test_dense_experts_on_bf16_activations_compute_in_float32_and_round_once():
+    config = _config()
+    x = torch.randn(T, D).bfloat16()
+    w13, w2 = (torch.randn(E, 2 * I, D) / D ** 0.5).bfloat16(), (torch.randn(E, D, I) / I ** 0.5).bfloat16()
+    weights, ids = torch.rand(T, TOPK), torch.randint(0, E, (T, TOPK))
+    ids[2, 1] = E + 1  # another rank's expert: skipped
+    got = moe_runner.grouped_experts(x, w13, w2, weights, ids, config)  # T * E * 3I * D is under the dense budget
+    assert got.dtype == torch.bfloat16
+    assert_close("dense experts, bf16", _reference(x, w13, w2, weights, ids, config), got, 1e-2)
