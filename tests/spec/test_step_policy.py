@@ -28,6 +28,25 @@ def _batch(reqs, **info):
                            seq_lens_cpu=torch.tensor(seq))
 
 
+def _counting_drafter():
+    """A drafter class proposing gamma drafts at a settable class-wide confidence (`conf`), counting its calls."""
+    from k3_sglang.spec.drafters.base import DraftBlock
+
+    class Drafter:
+        conf, calls = 0.01, 0
+
+        def propose(self, requests, gamma):
+            Drafter.calls += 1
+            n = len(requests)
+            return DraftBlock(np.full((n, gamma), 7, dtype=np.int64), np.full((n, gamma), Drafter.conf),
+                              np.full(n, gamma, dtype=np.int64))
+
+        def release(self, rid):
+            pass
+
+    return Drafter
+
+
 def test_greedy_and_plainly_sampled_batches_speculate_the_rest_decode():
     reqs = [_req("a", [1, 2, 3], [4])]
     assert speculation_allowed(_batch(reqs))
@@ -102,20 +121,9 @@ def test_measured_cpu_cost_verifies_alone_and_decodes_at_64():
 
 
 def test_settled_plain_decoding_probes_one_step_in_four_and_a_good_draft_ends_it():
-    from k3_sglang.spec.drafters.base import DraftBlock
     from k3_sglang.spec.policy import PROBE_AFTER, PROBE_EVERY
 
-    class Drafter:  # gamma drafts at a fixed confidence; counts the steps it was asked
-        conf, calls = 0.01, 0
-
-        def propose(self, requests, gamma):
-            Drafter.calls += 1
-            n = len(requests)
-            return DraftBlock(np.full((n, gamma), 7, dtype=np.int64), np.full((n, gamma), Drafter.conf),
-                              np.full(n, gamma, dtype=np.int64))
-
-        def release(self, rid):
-            pass
+    Drafter = _counting_drafter()
 
     policy = StepPolicy(SpecSettings(verify_mode="compact"), gamma=3, vocab_size=100)
     policy._drafter = Drafter()
@@ -186,20 +194,9 @@ def test_settled_probes_are_priced_costly_probes_come_less_often_and_a_verify_re
     """A settled policy whose probes cost 8 ms against a 20 ms decode step (the cost model's) probes once in
     ceil(8 / (0.0025 x 20)) = 160 -> PROBE_MAX_EVERY steps; at 0.39 ms once in 8; the first verify plan resets it."""
     from k3_sglang.spec.cost import AffineCost
-    from k3_sglang.spec.drafters.base import DraftBlock
     from k3_sglang.spec.policy import PROBE_AFTER, PROBE_EVERY, PROBE_MAX_EVERY
 
-    class Drafter:
-        conf, calls = 0.01, 0
-
-        def propose(self, requests, gamma):
-            Drafter.calls += 1
-            n = len(requests)
-            return DraftBlock(np.full((n, gamma), 7, dtype=np.int64), np.full((n, gamma), Drafter.conf),
-                              np.full(n, gamma, dtype=np.int64))
-
-        def release(self, rid):
-            pass
+    Drafter = _counting_drafter()
 
     class Clock:  # each probe reads it twice (before the drafter, after the planner): `cost` seconds apart
         now, cost, reads = 0.0, 0.008, 0
