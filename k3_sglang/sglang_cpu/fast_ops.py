@@ -1,5 +1,5 @@
 """CPU fast paths for SGLang's own K3 on the k3_cpu platform, each behind one of SGLang's seams (hooks.py, moe_runner.py,
-linear_method.py) and each checked against a float64 reference (tests/unit/test_sglang_cpu_fast_ops.py).
+shims.py) and each checked against a float64 reference (tests/unit/test_sglang_cpu_fast_ops.py).
 
 On a CPU a small model is bound by the number of torch ops per layer, not by FLOPs: these paths compute the same
 values as SGLang's eager fallbacks with fewer, larger ops.
@@ -72,6 +72,4 @@ def flush_denormals() -> bool:
     every operation on a denormal result takes a microcode assist: measured on this repo's Xeons, SGLang's K3 KDA
     extend (kda_ops.kda_extend) runs about 3x faster with denormals flushed. Values below 1.2e-38 become 0, far below
     float32's resolution of the O(1) terms they are added to (the tests compare against float64 references)."""
-    import torch
-
     return bool(torch.set_flush_denormal(True))
