@@ -155,6 +155,10 @@ NO_PUBLIC_SEAM: dict[str, str] = {
     f"{_POOL_HOST}.mamba.MambaPoolHost.load_to_device_per_layer":
         "tests' sabotage only (K3_HICACHE_FAULT): a fault injected inside SGLang's own restore path, which no "
         "public seam exposes by design",
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore.drive_host_eviction":
+        "the host tier's victims come from `--radix-eviction-policy` (a fixed choice list, one priority per node "
+        "for both tiers; `_EVICTION_POLICY_FACTORIES` is read only by argparse-checked names) and the MAMBA host "
+        "pass ignores it (plain LRU); no seam orders host victims by session",
     # -- measurement (K3_STEP_TIMING) ------------------------------------------------------------------------------------
     "sglang.srt.managers.scheduler.Scheduler.run_batch":
         "the event loops call `run_batch` directly and the Scheduler offers no per-step callback or plugin slot; "

@@ -4,10 +4,16 @@ K3_HICACHE_FAULT: fault injection for the tests' sabotage controls, never for se
 - `none` (default): nothing is injected.
 - `corrupt-restored-kda`: every KDA recurrent state the host tier restores to the device is overwritten with NaN
   after the copy (hooks.corrupt_restored_kda), so a test that compares outputs must see the difference.
+K3_HICACHE_EVICTION: how the host tier evicts (hicache/session_eviction.py).
+- `sessions` (default): whole paused sessions, the most recently paused first, after those idle for
+  K3_HICACHE_EVICT_IDLE_S seconds (600; oldest first). `k3 serve` runs SGLang's Python TreeCore for it.
+- `lru`: SGLang's own eviction (least recently used first) and its default (Rust) TreeCore.
 """
 from __future__ import annotations
 
 from typing import ClassVar, Literal
+
+from pydantic import Field
 
 from k3_sglang.env_settings import EnvModel
 
@@ -15,3 +21,5 @@ from k3_sglang.env_settings import EnvModel
 class HiCacheSettings(EnvModel):
     ENV_PREFIX: ClassVar[str] = "K3_HICACHE_"
     fault: Literal["none", "corrupt-restored-kda"] = "none"
+    eviction: Literal["sessions", "lru"] = "sessions"
+    evict_idle_s: float = Field(600.0, ge=0)
