@@ -83,6 +83,14 @@ REACHES = (
     Reach("sglang.srt.plugins.hook_registry.HookRegistry._patched", "PRIVATE_READ", "k3_sglang.sglang_guard",
           "private", T_GUARD, "the targets SGLang patched (a failed one is only logged)",
           ("sglang.srt.plugins.hook_registry",)),
+    Reach("sglang.srt.mem_cache.unified_cache.components.base._LAST_ACCESS_TIME_COUNTER_FLOAT", "PRIVATE_READ",
+          "k3_sglang.hicache.session_eviction_hooks", "private", "tests/unit/test_hicache_session_eviction.py",
+          "the tree's logical access clock, read to map node access stamps to request times (session eviction)",
+          ("sglang.srt.mem_cache.unified_cache.components.base.get_and_increase_time_counter",)),
+    Reach("sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore._evict_host_leaf", "PRIVATE_READ",
+          "k3_sglang.hicache.session_eviction_hooks", "private", "tests/unit/test_hicache_session_eviction.py",
+          "evicts one host leaf (all components) in the order the session policy picks; also reads "
+          "`evictable_host_leaves`, `is_write_back`, `enable_session_radix_cache`"),
     Reach("sglang.srt.plugins._plugins_loaded", "PRIVATE_READ", "k3_sglang.sglang_guard", "private", T_GUARD,
           "whether load_plugins ran, so a plugin of ours that never completed is named",
           ("sglang.srt.plugins.load_plugins",)),
@@ -171,6 +179,10 @@ REACHES = (
     # -- SGLANG_* environment variables set (public: declared in sglang.srt.environ) --------------------------------
     Reach("SGLANG_EXTERNAL_MODEL_PACKAGE", "ENV", "k3_sglang.serving.cli", "public", T_SERVE,
           "registers the portable model package", portable_only=True),
+    Reach("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "ENV", "k3_sglang.hicache.serve_flags, "
+          "k3_sglang.hicache.session_eviction", "public", "tests/unit/test_hicache_session_eviction.py",
+          "`python` with HiCache on CPU: the host tier's session eviction hooks the Python TreeCore (the Rust one "
+          "evicts natively)"),
     Reach("SGLANG_PLATFORM", "ENV", "k3_sglang.serving.cli", "public", T_SERVE, "selects the k3_cpu platform on CPU"),
     Reach("SGLANG_ENABLE_PP_SPEC", "ENV", "k3_sglang.serving.cli", "public", "tests/spec/test_pp_hooks.py",
           "SGLang's pipeline speculation relay for K3_CSV under --pp-size > 1"),

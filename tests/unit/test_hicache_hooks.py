@@ -136,16 +136,24 @@ def test_inert_unless_sglang_runs_on_k3_cpu(monkeypatch):
         hooks.register()
     assert registered == []
     monkeypatch.setenv("SGLANG_PLATFORM", "k3_cpu")
+    from k3_sglang.hicache import session_eviction_hooks
+
+    policy = [t for t, _, _ in session_eviction_hooks.installed_hooks()]
     for package in ("", "k3_sglang.models"):  # SGLang's own K3, then the portable model
         registered.clear()
         monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", package)
         hooks.register()
-        assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
+        assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()] + policy
+    registered.clear()
+    monkeypatch.setenv("K3_HICACHE_EVICTION", "lru")  # SGLang's own host-tier eviction: no policy hooks
+    hooks.register()
+    assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
+    monkeypatch.delenv("K3_HICACHE_EVICTION")
     assert hooks.STATE_LOAD_TARGET not in [a[0] for a in registered]  # the fault hook only when asked for
     registered.clear()
     monkeypatch.setenv("K3_HICACHE_FAULT", "corrupt-restored-kda")
     hooks.register()
-    assert registered[-1][0] == hooks.STATE_LOAD_TARGET
+    assert hooks.STATE_LOAD_TARGET in [a[0] for a in registered]
 
 
 def test_fault_setting_is_typed():
@@ -193,7 +201,8 @@ def test_mooncake_needs_a_master_that_answers():
                           {"MOONCAKE_PROTOCOL": "rdma"})
     assert env["MOONCAKE_PROTOCOL"] == "rdma" and env["MOONCAKE_LOCAL_HOSTNAME"] == "127.0.0.1"
     assert env["MC_TCP_BIND_ADDRESS"] == "127.0.0.1" and env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == str(512 << 20)
-    assert cpu_hicache_env(["--enable-hicache"], "127.0.0.1", {}) == {}
+    assert cpu_hicache_env(["--enable-hicache"], "127.0.0.1", {}) == {  # no Mooncake variables without it
+        "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python"}
 
 
 def test_hicache_needs_the_radix_cache_and_no_draft_under_dcp():
