@@ -322,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
     from k3_sglang.cli import CliError
     from k3_sglang.platform import cuda_available
 
+    from k3_sglang.hicache.settings import HiCacheSettings
     from k3_sglang.model.settings import WorkerSettings
     from k3_sglang.sglang_guard import GuardSettings, installed_sglang_version, version_refusal
 
@@ -330,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
         WorkerSettings.from_env()  # the workers' K3_* settings (K3_SPEC_* values included), read again there
         events = KvEventsSettings.from_env()
         RetentionSettings.from_env()  # read again in SGLang's scheduler (serving/retention.py)
+        HiCacheSettings.from_env()  # read again there too (hicache/hooks.py, hicache/session_eviction_hooks.py)
         allowed = GuardSettings.from_env().allow_sglang_version
     except ValueError as exc:
         raise CliError(str(exc)) from None

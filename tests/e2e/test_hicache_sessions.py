@@ -158,3 +158,47 @@ def test_restarted_worker_resumes_from_file_storage_and_refuses_a_rewritten_chec
         assert rec.cached_tokens >= last_prompt and rec.cached_by_tier.get("storage", 0) > 0, rec
         assert rec.cached_by_tier.get("device", 0) == 0, rec
         assert tuple(rec.output_ids) == tuple(reference_answers[(s, 2)]), s
+
+
+def test_restarted_worker_resumes_from_a_mooncake_segment_that_outlives_it(tiny_dir, tmp_path_factory,
+                                                                            reference_answers):
+    """Mooncake store restart: the objects live in a standalone `mooncake_client`'s segment (the worker mounts
+    none, MOONCAKE_GLOBAL_SEGMENT_SIZE=0), so a worker stopped after two turns and started again (new process, same
+    master and segment) resumes every session's third turn from the store with the uninterrupted run's answer."""
+    import time
+
+    from k3_sglang.hicache.mooncake_master import LoopbackMooncakeSegment
+    from k3_sglang.tooling.bench.session_traffic import generate, plan_session_prompts
+
+    logs = tmp_path_factory.mktemp("mooncake-restart")
+    master = LoopbackMooncakeMaster(logs / "master.log").start()
+    segment = None
+    try:
+        segment = LoopbackMooncakeSegment(logs / "segment.log", master).start()
+        args = HICACHE + ["--hicache-storage-backend", "mooncake"]
+        load = traffic(3, 3)
+        first = serve(tiny_dir, tmp_path_factory, "serve-mooncake-restart-1", args, env=segment.worker_env())
+        try:
+            before = run(first, traffic(3, 2))
+            time.sleep(3)  # between turns: the write-through queue drains
+        finally:
+            first.stop()
+        assert matches(before, reference_answers)
+        openings, tools = plan_session_prompts(load)
+        outputs = answers(before)
+        turn3 = [openings[s] + list(outputs[(s, 0)]) + tools[s][0] + list(outputs[(s, 1)]) + tools[s][1]
+                 for s in range(3)]
+        again = serve(tiny_dir, tmp_path_factory, "serve-mooncake-restart-2", args, env=segment.worker_env())
+        try:
+            resumed = [generate(again.url, ids, load.output_tokens) for ids in turn3]
+        finally:
+            again.stop()
+    finally:
+        if segment is not None:
+            segment.stop()
+        master.stop()
+    for s, rec in enumerate(resumed):
+        last_prompt = len(turn3[s]) - len(tools[s][1]) - load.output_tokens  # as the file-backend restart test
+        assert rec.cached_tokens >= last_prompt and rec.cached_by_tier.get("storage", 0) > 0, rec
+        assert rec.cached_by_tier.get("device", 0) == 0, rec
+        assert tuple(rec.output_ids) == tuple(reference_answers[(s, 2)]), s

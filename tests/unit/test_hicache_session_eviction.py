@@ -282,3 +282,16 @@ def test_settings_and_serve_env(monkeypatch):
         "K3_HICACHE_EVICTION": "lru"}
     assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", {core: "rust"})[core] == "rust"
     assert cpu_hicache_env([], "127.0.0.1", {}) == {}
+
+
+def test_k3_serve_refuses_a_bad_eviction_setting_and_selects_the_python_core(monkeypatch, capsys, tmp_path):
+    from k3_sglang.cli import main
+
+    monkeypatch.setenv("K3_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", raising=False)
+    monkeypatch.setenv("K3_HICACHE_EVICTION", "mru")
+    assert main(["serve", "--dry-run", "--enable-hierarchical-cache"]) == 2
+    assert "K3_HICACHE_EVICTION must be one of sessions, lru, got 'mru'" in capsys.readouterr().err
+    monkeypatch.delenv("K3_HICACHE_EVICTION")
+    assert main(["serve", "--dry-run", "--dtype", "float32", "--enable-hierarchical-cache"]) == 0
+    assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in capsys.readouterr().out
