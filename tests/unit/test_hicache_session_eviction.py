@@ -295,3 +295,18 @@ def test_k3_serve_refuses_a_bad_eviction_setting_and_selects_the_python_core(mon
     monkeypatch.delenv("K3_HICACHE_EVICTION")
     assert main(["serve", "--dry-run", "--dtype", "float32", "--enable-hierarchical-cache"]) == 0
     assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in capsys.readouterr().out
+
+
+def test_k3_serve_exits_2_when_the_mooncake_master_is_down_at_start(monkeypatch, capsys, tmp_path):
+    """Issue 42's acceptance, through the command line: a master that does not answer is refused before any server
+    starts (exit 2, the address and the reason)."""
+    from k3_sglang.cli import main
+    from k3_sglang.net import free_port
+
+    monkeypatch.setenv("K3_CACHE_DIR", str(tmp_path))
+    down = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("MOONCAKE_MASTER", down)
+    assert main(["serve", "--dry-run", "--dtype", "float32", "--enable-hierarchical-cache",
+                 "--hicache-storage-backend", "mooncake"]) == 2
+    err = capsys.readouterr().err
+    assert f"the Mooncake master at {down} does not answer" in err and "start it first" in err
