@@ -153,7 +153,7 @@ HOOK_SETS = (
     HookSet("k3_sglang.hicache.hooks", "as above, only with K3_HICACHE_FAULT=corrupt-restored-kda (tests' sabotage)",
             _hicache_fault_hooks, "tests/unit/test_hicache_hooks.py"),
     HookSet("k3_sglang.hicache.session_eviction_hooks",
-            "k3_cpu platform with HiCache, K3_HICACHE_EVICTION=sessions (default; SGLang's Python TreeCore)",
+            "k3_cpu platform with HiCache, K3_HICACHE_EVICTION=sessions (opt-in; SGLang's Python TreeCore)",
             _session_eviction_hooks, "tests/unit/test_hicache_session_eviction.py"),
     HookSet("k3_sglang.serving.step_timing", "any process with K3_STEP_TIMING set (`k3 bench plain-decode`)",
             _step_timing_hooks, "tests/unit/test_step_timing.py"),

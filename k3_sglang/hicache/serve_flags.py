@@ -69,7 +69,7 @@ def cpu_hicache_flags(d: Deployment | list[str], tier: HostTier | None = None) -
 
 def cpu_hicache_env(d: Deployment | list[str], host: str, env: dict[str, str]) -> dict[str, str]:
     """`env` with, where unset: SGLang's Python TreeCore when the host tier evicts by session
-    (K3_HICACHE_EVICTION=sessions, the default; hicache/session_eviction.py) and the Mooncake-on-CPU variables
+    (K3_HICACHE_EVICTION=sessions, opt-in; hicache/session_eviction.py) and the Mooncake-on-CPU variables
     with the mooncake backend. Unchanged with HiCache off."""
     from k3_sglang.hicache.session_eviction import PYTHON_CORE_ENV
     from k3_sglang.hicache.settings import HiCacheSettings

@@ -1,5 +1,5 @@
 """SGLang hooks of the host-tier session eviction policy (hicache/session_eviction.py); registered by the HiCache
-plugin (hicache/hooks.py) when `K3_HICACHE_EVICTION=sessions` (the default).
+plugin (hicache/hooks.py) when `K3_HICACHE_EVICTION=sessions` (opt-in).
 
 1. `UnifiedRadixCache.match_prefix` BEFORE: sample the access clock (SGLang's logical counter, the request's
    tokenizer creation time).

@@ -139,6 +139,10 @@ def test_inert_unless_sglang_runs_on_k3_cpu(monkeypatch):
     from k3_sglang.hicache import session_eviction_hooks
 
     policy = [t for t, _, _ in session_eviction_hooks.installed_hooks()]
+    registered.clear()
+    hooks.register()  # K3_HICACHE_EVICTION unset: SGLang's own LRU, no policy hooks
+    assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
+    monkeypatch.setenv("K3_HICACHE_EVICTION", "sessions")
     for package in ("", "k3_sglang.models"):  # SGLang's own K3, then the portable model
         registered.clear()
         monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", package)

@@ -273,11 +273,13 @@ def test_settings_and_serve_env(monkeypatch):
     from k3_sglang.hicache.serve_flags import cpu_hicache_env
     from k3_sglang.hicache.settings import HiCacheSettings
 
-    assert HiCacheSettings.from_env({}).eviction == "sessions"
+    assert HiCacheSettings.from_env({}).eviction == "lru"
     with pytest.raises(ValueError, match="K3_HICACHE_EVICTION"):
         HiCacheSettings.from_env({"K3_HICACHE_EVICTION": "mru"})
     core = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
-    assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", {}) == {core: "python"}
+    assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", {}) == {}
+    assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", {"K3_HICACHE_EVICTION": "sessions"}) == {
+        "K3_HICACHE_EVICTION": "sessions", core: "python"}
     assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", {"K3_HICACHE_EVICTION": "lru"}) == {
         "K3_HICACHE_EVICTION": "lru"}
     assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", {core: "rust"})[core] == "rust"
