@@ -155,6 +155,11 @@ NO_PUBLIC_SEAM: dict[str, str] = {
     f"{_POOL_HOST}.mamba.MambaPoolHost.load_to_device_per_layer":
         "tests' sabotage only (K3_HICACHE_FAULT): a fault injected inside SGLang's own restore path, which no "
         "public seam exposes by design",
+    # -- K3_CSV's plain path (spec/plain_path.py), any platform ---------------------------------------------------------
+    "sglang.srt.managers.scheduler.Scheduler.update_running_batch":
+        "a batch's speculative or plain path is fixed by `ScheduleBatch.spec_algorithm`, which the scheduler copies "
+        "from its own; no spec-algorithm or worker callback runs before `prepare_for_decode`, where the decode "
+        "allocation of the two paths differs",
     # -- measurement (K3_STEP_TIMING) ------------------------------------------------------------------------------------
     "sglang.srt.managers.scheduler.Scheduler.run_batch":
         "the event loops call `run_batch` directly and the Scheduler offers no per-step callback or plugin slot; "
