@@ -73,3 +73,23 @@ def test_an_arm_without_mismatches_is_within_any_control(flipped):
     control = [_m(CONTROL_ARM, "k0", 0.3, 2)][:flipped]
     (j,) = judge(control, {"A": 8, "D": 8}, control_compared=8)
     assert j.ok and j.flipped == 0
+
+
+def test_the_plain_decode_report_prints_the_control_and_each_arms_verdict():
+    """A bf16 section: A and D steps, D's mismatches within a control that flipped, the report shows both lines."""
+    from k3_sglang.tooling.bench.plain_decode import ARM_HELP, ArmSteps, judge_sections
+    from k3_sglang.tooling.bench.plain_decode_report import model_section
+
+    rows = [{"t": i, "b": 4, "loop": 0.031, "run": 0.0305, "fwd": 0.030, "result": 0.0} for i in range(12)]
+    steps = ArmSteps.of(rows, 4)
+    a = {"steps": steps, "decode_tps": 100.0, "per_request": [steps], "outputs": [(1, 2, 3)] * 8}
+    d = {**a, "outputs": [(1, 2, 4)] * 2 + [(1, 2, 3)] * 6}
+    mism = [_m(CONTROL_ARM, f"sglang/c4/0/{i}", 0.6, 3) for i in range(3)]
+    mism += [_m("D", f"sglang/c4/0/{i}", 0.5, 2) for i in range(2)]
+    per_model = {"sglang": {4: {"A": a, "D": d}}}
+    judged = judge_sections(per_model, mism, {"sglang": {4: 8}})
+    (js, n), = judged.values()
+    assert n == 8 and [j.ok for j in js] == [True]
+    text = "\n".join(model_section("sglang", 4, per_model["sglang"][4], ARM_HELP, mism, "bfloat16", judged[("sglang", 4)]))
+    assert "control A~" in text and "3 / 8 prompts flipped" in text and "D: 2 / 8 prompts flipped" in text
+    assert "within the control" in text and "**FAIL**" not in text
