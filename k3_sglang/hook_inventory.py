@@ -67,6 +67,12 @@ def _portable_dcp_hooks():
     return [h for h in platform_hooks.installed_hooks(portable=True) if h[0] not in both]
 
 
+def _plain_path_hooks():
+    from k3_sglang.spec import plain_path
+
+    return plain_path.installed_hooks()
+
+
 def _pp_hooks():
     from k3_sglang.spec import pp_hooks
 
@@ -138,6 +144,8 @@ HOOK_SETS = (
     HookSet("k3_sglang.spec.contract", "k3_cpu platform, either model", _contract_hooks, "tests/spec/test_contract.py"),
     HookSet("k3_sglang.spec.pp_hooks", "k3_cpu platform, either model (inert but for K3_CSV)", _pp_hooks,
             "tests/spec/test_pp_hooks.py"),
+    HookSet("k3_sglang.spec.plain_path", "every platform with K3_CSV registered (inert until a K3_CSV worker of a "
+            "TP1/PP1 server takes it)", _plain_path_hooks, "tests/spec/test_plain_path.py"),
     HookSet("k3_sglang.sglang_cpu.hooks", "k3_cpu platform, SGLang's own K3", _sglang_cpu_hooks,
             "tests/unit/test_sglang_cpu_hooks.py"),
     HookSet("k3_sglang.serving.kv_event_hooks", "every `k3 serve` process (K3_SERVE_HOOKS)", _kv_event_hooks,

@@ -159,6 +159,11 @@ NO_PUBLIC_SEAM: dict[str, str] = {
         "the host tier's victims come from `--radix-eviction-policy` (a fixed choice list, one priority per node "
         "for both tiers; `_EVICTION_POLICY_FACTORIES` is read only by argparse-checked names) and the MAMBA host "
         "pass ignores it (plain LRU); no seam orders host victims by session",
+    # -- K3_CSV's plain path (spec/plain_path.py), any platform ---------------------------------------------------------
+    "sglang.srt.managers.scheduler.Scheduler.update_running_batch":
+        "a batch's speculative or plain path is fixed by `ScheduleBatch.spec_algorithm`, which the scheduler copies "
+        "from its own; no spec-algorithm or worker callback runs before `prepare_for_decode`, where the decode "
+        "allocation of the two paths differs",
     # -- measurement (K3_STEP_TIMING) ------------------------------------------------------------------------------------
     "sglang.srt.managers.scheduler.Scheduler.run_batch":
         "the event loops call `run_batch` directly and the Scheduler offers no per-step callback or plugin slot; "

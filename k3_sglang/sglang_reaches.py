@@ -131,6 +131,15 @@ REACHES = (
     Reach("sglang.srt.managers.schedule_batch.ScheduleBatch", "FIELD_WRITE", "k3_sglang.spec.batch_prep", "private",
           T_SPEC, "forward_mode, input_ids, out_cache_loc, seq_lens(_cpu/_sum), spec_info rewritten for K3_CSV's "
           "plain-decode and verify steps"),
+    Reach("sglang.srt.managers.schedule_batch.ScheduleBatch.spec_algorithm", "FIELD_WRITE",
+          "k3_sglang.spec.plain_path", "private", "tests/spec/test_plain_path.py",
+          "the running batch's algorithm set to NONE for a step K3_CSV runs as plain decode (and back), with its "
+          "spec_info cleared and orig_seq_lens realigned, so SGLang prepares, runs and reads that step as without "
+          "speculation", ("sglang.srt.managers.schedule_batch.ScheduleBatch",)),
+    Reach("sglang.srt.managers.schedule_batch.ReqKvInfo.kv_allocated_len", "FIELD_WRITE",
+          "k3_sglang.spec.plain_path", "private", "tests/spec/test_plain_path.py",
+          "lowered to kv_committed_len after the speculative reserve past it is freed (`free_kv_row`), the state "
+          "SGLang's non-speculative decode allocation expects", ("sglang.srt.managers.schedule_batch.ReqKvInfo",)),
     # -- subclasses and enum values ---------------------------------------------------------------------------------
     Reach("sglang.srt.disaggregation.kv_events.KVCacheEvent", "SUBCLASS", "k3_sglang.serving.kv_event_hooks",
           "private", T_KV, "two new tagged event types (KDA_STORED, KDA_REMOVED) in SGLang's event union"),

@@ -5,7 +5,9 @@ detokenizer), so `--speculative-algorithm K3_CSV` resolves everywhere through SG
 (`SpeculativeAlgorithm.register`); no SGLang file is edited. On our CPU platform (either K3 model) two more hooks
 carry SGLang's speculative path, which is Triton-only outside SGLang's Xeon engine: the req_to_token writer every
 speculative decode step calls (`mem_cache.allocation.assign_req_to_token_pool_func`, replaced by the same
-gather/scatter in torch) and the scatter of SGLang's commit after verification (spec/contract.py). The pipeline
+gather/scatter in torch) and the scatter of SGLang's commit after verification (spec/contract.py). On every platform
+the plain path's hook (spec/plain_path.py) lets a step K3_CSV runs as plain decode take SGLang's non-speculative
+path. The pipeline
 hooks of spec/pp_hooks.py (K3_CSV inside one `--pp-size N` server) are installed there too; every hook is inert
 for every other algorithm or device.
 """
@@ -82,13 +84,17 @@ def register() -> None:
 
     from k3_sglang.spec.algo import K3SpecAlgo, validate_server_args
 
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from k3_sglang.spec import plain_path
+
     if get_spec(ALGORITHM) is None:
         SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, validate_server_args=validate_server_args,
                                       spec_class=K3SpecAlgo)(_factory)
+        for target, hook, kind in plain_path.installed_hooks():  # any platform; inert until a K3_CSV worker owns it
+            HookRegistry.register(target, hook, HookType[kind])
     from k3_sglang.platform_hooks import on_k3_cpu
 
     if on_k3_cpu():
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
         for target, hook, kind in installed_hooks():
             HookRegistry.register(target, hook, HookType[kind])

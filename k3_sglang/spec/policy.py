@@ -94,6 +94,7 @@ class GroupState:
     skipped: int = 0  # steps skipped since the last probe
     probe_s: float | None = None  # moving average of a settled probe's host seconds (drafter + planner)
     probe_every: int = PROBE_EVERY  # steps per probe once settled (probe_interval)
+    ahead: bool | None = None  # this step's skip decision, taken before SGLang prepared it (plain_ahead)
 
 
 class StepPolicy:
@@ -161,9 +162,28 @@ class StepPolicy:
         self._drafter = None
         self._groups.clear()
 
-    def _skip_planning(self, group: int = 0) -> bool:
-        """True on the steps a settled plain-decoding compact policy does not probe (module docstring)."""
+    def plain_ahead(self, batch, group: int = 0) -> bool:
+        """Before SGLang prepares the batch's next decode step: True when that step will be plain decode without
+        planning (the `decode` mode, a batch holding a request K3_CSV cannot verify, or a settled compact policy
+        between probes), so that it may take SGLang's non-speculative path (spec/plain_path.py). The skip decision
+        taken here is the one the step's `plan` uses."""
+        s = self.settings
+        if s.force_verify_len is not None:
+            return False
+        if s.verify_mode == "decode" or not speculation_allowed(batch, self.sampled_ok):
+            return True
         state = self.group(group)
+        state.ahead = None
+        state.ahead = self._skip_planning(group)
+        return state.ahead
+
+    def _skip_planning(self, group: int = 0) -> bool:
+        """True on the steps a settled plain-decoding compact policy does not probe (module docstring); a decision
+        already taken for this step by `plain_ahead` is used once."""
+        state = self.group(group)
+        if state.ahead is not None:
+            ahead, state.ahead = state.ahead, None
+            return ahead
         if self.settings.verify_mode != "compact" or state.plain_streak < PROBE_AFTER:
             return False
         state.skipped += 1

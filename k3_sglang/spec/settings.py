@@ -20,6 +20,9 @@ process from the environment `k3 serve` hands SGLang's workers:
 - K3_SPEC_RECORD: append one JSON line per decode step (mode, batch, verify lengths, accepted, seconds) here.
 - K3_SPEC_FORCE_VERIFY_LEN: profiling only: verify exactly this many tokens per request every step (drafts padded
   by repeating the root), whatever the drafter proposes.
+- K3_SPEC_PLAIN_PATH: 1 (default) = a step the policy runs as plain decode takes SGLang's non-speculative path
+  (spec/plain_path.py, where served); 0 = every step stays on SGLang's speculative path (the previous behaviour, for
+  comparison).
 Value checks (choices, integers, bounds) happen at parse; `ready()` adds what only a K3_CSV server needs (the
 controlled drafter's oracle, the checkpoint drafter's directory, the files named exist, the prior parses); the draft
 checkpoint itself is checked against the target by `spec/contract.py`'s `draft_refusals`.
@@ -53,6 +56,7 @@ class SpecSettings(EnvModel):
     force_verify_len: int | None = Field(None, ge=1)
     prior: str | None = None
     draft_path: str | None = None
+    plain_path: bool = True
 
     def ready(self) -> "SpecSettings":
         """Self, once the files K3_CSV will open are there (ValueError naming the setting otherwise)."""

@@ -14,6 +14,9 @@
    into the KDA pools (spec/contract.py: the same two calls for SGLang's K3 and the portable model), and the
    accepted drafts plus the bonus token go back to the scheduler (stride = chain width). Rejected rows' KV slots
    stay reserved past the committed length and are overwritten by the next step.
+5. A step the policy decided before SGLang prepared it to run as plain decode (spec/plain_path.py) arrives with
+   SGLang's NONE algorithm: SGLang prepared it and processes its result as without speculation, and the worker runs
+   the target forward only.
 With the checkpoint drafter (a draft model) every target forward of steps 1-4 also returns the target's hidden states
 at the draft's layers (`capture_hidden_mode`, spec/root_capture.py), and the draft runs inside the policy's step 2.
 """
@@ -27,6 +30,7 @@ import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
+from k3_sglang.spec import plain_path
 from k3_sglang.spec.accept import accept_greedy
 from k3_sglang.spec.batch_prep import to_plain_decode, to_verify
 from k3_sglang.spec.contract import check_loaded_model, commit_after_verify
@@ -68,6 +72,11 @@ class K3SpecWorker(BaseSpecWorker):
         self.tp_group = get_tp_group()
         self.recorder = StepRecorder(self.settings.record, rank=self.tp_group.rank_in_group)
         self.context_len = int(self.model_runner.model_config.context_len)
+        self.spec_algorithm = None  # K3_CSV's algorithm object, kept while the running batch takes the plain path
+        refusal = plain_path.plain_path_refusal(server_args, self.settings)
+        plain_path.take_plain_path(self if refusal is None else None)
+        if refusal is not None:
+            logger.info("K3_CSV: plain decode steps stay on SGLang's speculative path: %s", refusal)
         logger.info("K3_CSV: chain width %d, drafter %s, verify mode %s", self.width, self.settings.drafter,
                     self.settings.verify_mode)
 
@@ -89,6 +98,8 @@ class K3SpecWorker(BaseSpecWorker):
 
     # -- one scheduler step
     def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None) -> GenerationBatchResult:
+        if batch.spec_algorithm.is_none():
+            return self._plain_path_step(batch)
         if batch.forward_mode.is_decode():
             return self._decode_round(batch, on_publish, pp_proxy_tensors)
         return self._extend_round(batch, on_publish, pp_proxy_tensors)
@@ -102,6 +113,21 @@ class K3SpecWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(new_seq_lens)
         return self._one_token_result(res, new_seq_lens, decode=False)
+
+    def _plain_path_step(self, batch) -> GenerationBatchResult:
+        """A step on SGLang's non-speculative path (spec/plain_path.py): SGLang prepared the batch (one new slot per
+        request, seq_lens advanced) and reads the result as a no-spec server's; the input ids are the requests' last
+        tokens (SGLang's future map relays them only for a non-speculative scheduler)."""
+        t0 = time.perf_counter()
+        if batch.input_ids is None and batch.forward_mode.is_decode():
+            batch.input_ids = torch.tensor([req.output_ids[-1] for req in batch.reqs], dtype=torch.int64,
+                                           device=self.device)
+        res = self._target_worker.forward_batch_generation(batch)
+        if self.recorder.path:
+            n = len(batch.reqs)
+            self.recorder.step(kind="decode", path="plain", n_reqs=n, n_tokens=n, l_max=1,
+                               seconds=time.perf_counter() - t0, drafted=0, accepted=0)
+        return res
 
     def _one_token_result(self, res, new_seq_lens, decode: bool) -> GenerationBatchResult:
         """The result of a step that emitted one sampled token per request. SGLang reads an extend's tokens one per

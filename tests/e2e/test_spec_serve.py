@@ -292,10 +292,33 @@ def _check_speculated(steps: list[dict], batched: bool) -> None:
         assert any(s["n_reqs"] > 1 for s in verify), "no verify step of several requests"
 
 
+def _check_plain_path_switches(url: str, record, references: list[list[int]]) -> None:
+    """Plain steps on SGLang's non-speculative path (spec/plain_path.py) and verify steps in one run: 16 requests
+    at once, every fourth asking for logprobs (K3_CSV cannot verify those, so while one is in the batch every step
+    is plain decode and takes SGLang's plain path) and stopping after 12 tokens, after which the rest verify again.
+    Each switch gives back or re-reserves the KV reserve and swaps the batch's algorithm; all output must still be
+    the no-spec server's, and the records must show both paths."""
+    before = len(_records(record))
+
+    def one(i: int) -> list[int]:
+        if i % 4 == 0:
+            return _generate(url, PROMPTS[i], n=12, return_logprob=True)["output_ids"]
+        return _generate(url, PROMPTS[i])["output_ids"]
+
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        got = list(pool.map(one, range(len(PROMPTS))))
+    assert got == [ref[:12] if i % 4 == 0 else ref for i, ref in enumerate(references)]
+    steps = _records(record)[before:]
+    plain = [s for s in steps if s.get("path") == "plain"]
+    assert plain and any(s["n_reqs"] > 1 for s in plain), "no batched step took SGLang's plain path"
+    assert any(s["kind"] == "verify" for s in steps), "no verify step beside the plain-path steps"
+
+
 def test_sglang_k3_verify_lossless_at_concurrency_1_and_16(tiny_dir, sglang_oracle, sglang_references,
                                                            tmp_path_factory):
     """The K3_CSV worker on SGLang's K3: its KDA backend (our CPU kernel in SGLang's dispatcher) verifies into
-    SGLang's scratch, SGLang's hybrid backend commits; token-identical to SGLang's K3 without speculation."""
+    SGLang's scratch, SGLang's hybrid backend commits; token-identical to SGLang's K3 without speculation, also
+    while plain steps switch to SGLang's non-speculative path and back."""
     proc, record = _controlled_server(tiny_dir, sglang_oracle, tmp_path_factory.mktemp("spec-sglang"),
                                       env_extra=SGLANG_K3)
     try:
@@ -305,6 +328,7 @@ def test_sglang_k3_verify_lossless_at_concurrency_1_and_16(tiny_dir, sglang_orac
         assert _parallel(proc.url, PROMPTS) == sglang_references
         batched = _records(record)[len(single):]
         _check_point_mass_sampling(proc.url, record, sglang_references)
+        _check_plain_path_switches(proc.url, record, sglang_references)
     finally:
         proc.stop()
     _check_speculated(single, batched=False)

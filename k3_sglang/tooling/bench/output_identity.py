@@ -37,6 +37,7 @@ class Verdict:
     gap: float | None  # |logprob(A's token) - logprob(the arm's token)| in the probe row; None without a row
     tolerance: float | None  # |logit| x rounding of the row's dtype; None where no tie is excused (float32)
     why: str  # one short reason, for the report
+    rank: int | None = None  # the arm's token's rank in the probe row (1 = A's argmax there); None without a row
 
 
 @dataclass(frozen=True)
@@ -73,19 +74,18 @@ def classify(ref_token: int | None, other_token: int | None, row: Sequence[float
         return Verdict(False, None, None, "NaN in the probe row")
     if max(ref_token, other_token) >= len(values) or min(ref_token, other_token) < 0:
         return Verdict(False, None, None, "token outside the probe row")
-    top2 = sorted(range(len(values)), key=lambda t: values[t], reverse=True)[:2]
+    ranks = sorted(range(len(values)), key=lambda t: values[t], reverse=True)
     gap = abs(values[ref_token] - values[other_token])
-    if set(top2) != {ref_token, other_token}:
-        ranks = sorted(range(len(values)), key=lambda t: values[t], reverse=True)
-        return Verdict(False, gap, None, f"not the top two (ranks {ranks.index(ref_token) + 1} and "
-                                         f"{ranks.index(other_token) + 1})")
+    rank = ranks.index(other_token) + 1
+    if set(ranks[:2]) != {ref_token, other_token}:
+        return Verdict(False, gap, None, f"not the top two (ranks {ranks.index(ref_token) + 1} and {rank})", rank)
     finite = [x for x in values if math.isfinite(x)]
     mean = sum(finite) / len(finite)
     magnitude = max(abs(values[ref_token] - mean), abs(values[other_token] - mean))
     tolerance = magnitude * ROUNDING[dtype]
     if gap <= tolerance:
-        return Verdict(True, gap, tolerance, "near tie")
-    return Verdict(False, gap, tolerance, "gap above the row's rounding")
+        return Verdict(True, gap, tolerance, "near tie", rank)
+    return Verdict(False, gap, tolerance, "gap above the row's rounding", rank)
 
 
 def probe_row(url: str, context: list[int], vocab: int, http=None) -> list[float]:
@@ -168,8 +168,9 @@ def _row(m: Mismatch) -> str:
     return f"{m.arm} {m.key} @{m.position}: {m.ref_token} vs {m.other_token}{gap}, {v.why}"
 
 
-def summary_lines(mismatches: list[Mismatch], dtype: str, limit: int = 8) -> list[str]:
-    """Report lines: how many mismatches were near ties, and every one that was not (up to `limit`, then a count)."""
+def summary_lines(mismatches: list[Mismatch], dtype: str, limit: int = 8, verdict: bool = True) -> list[str]:
+    """Report lines: how many mismatches were near ties, and every one that was not (up to `limit`, then a count);
+    `verdict` False leaves the pass/fail mark to another rule (the bf16 control, identity_control.py)."""
     if not mismatches:
         return []
     bad = failed(mismatches)
@@ -179,7 +180,7 @@ def summary_lines(mismatches: list[Mismatch], dtype: str, limit: int = 8) -> lis
                 f"row), {len(bad)} not")
     else:
         head = f"{dtype}: {len(mismatches)} (prompt, arm) outputs differ from A's, and in {dtype} every one fails"
-    lines = [f"- {head}" + (": **FAIL**" if bad else "")]
+    lines = [f"- {head}" + (": **FAIL**" if bad and verdict else "")]
     lines += [f"  - {_row(m)}" for m in bad[:limit]]
     if len(bad) > limit:
         lines.append(f"  - ... and {len(bad) - limit} more")

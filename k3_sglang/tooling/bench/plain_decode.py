@@ -7,15 +7,20 @@ arm alike:
   D  K3_CSV with K3_SPEC_VERIFY_MODE=decode: never drafts, so every step is SGLang's speculative path plus our
      worker around a plain decode forward (the floor of what speculation costs when it does not pay);
   C  K3_CSV compact (the planner, lookup drafter, the model's cost table) on random prompts, where it settles into
-     plain decoding and only probes (spec/policy.py).
+     plain decoding and only probes (spec/policy.py);
+  S  (optional) D with K3_SPEC_PLAIN_PATH=0: every plain step on SGLang's speculative path, as before the plain path
+     (spec/plain_path.py), so the old and new cost are measured in the same run.
+With the plain path (the default) D's steps and C's settled steps between probes run SGLang's non-speculative path.
 Every server runs with K3_STEP_TIMING (k3_sglang/serving/step_timing.py): each decode step's whole scheduler loop,
 split into the model forward and host time (loop - forward), and host time into run_batch outside the forward,
 process_batch_result, and the rest of the loop (receiving requests, building the next batch). The report compares
 mean host time per step of batch c with A's, as a share of A's step (docs/bench-plain-decode.md). A settled C still
 drafts and plans for all c requests on its probe steps.
-Output identity: with --dtype float32 every arm must emit A's tokens; in bf16 each mismatch's first differing token
-is classified near tie or not by probing A's server after the timed rounds (tooling/bench/output_identity.py); a
-mismatch that is not excused fails the run (exit 1, after the report is written).
+Output identity: with --dtype float32 every arm must emit A's tokens (any mismatch fails the run: exit 1, after the
+report is written). In bf16 A's server reruns a sample of each concurrency's prompts at another batch shape (the
+control, tooling/bench/identity_control.py); each arm's mismatches, classified at their first differing token by
+probing A's server (tooling/bench/output_identity.py), must be near ties or inside the control's envelope, and the
+arm's share of flipped prompts within the control's (exit 1 otherwise).
 """
 from __future__ import annotations
 
@@ -32,7 +37,9 @@ DOC = Path("docs/bench-plain-decode.md")
 WARM_REQUESTS, WARM_TOKENS = 2, 32  # per server before timing (outside every timed round, so never timed)
 MAX_CONCURRENCY = 64
 ARM_HELP = {"A": "no speculation", "D": "K3_CSV, verify mode `decode` (never drafts)",
-            "C": "K3_CSV compact (planner + lookup drafter), settles into plain decode"}
+            "C": "K3_CSV compact (planner + lookup drafter), settles into plain decode",
+            "S": "K3_CSV `decode` with K3_SPEC_PLAIN_PATH=0 (plain steps on SGLang's speculative path)"}
+DEFAULT_ARMS = ("A", "D", "C")
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,8 @@ def inside_windows(rows: list[dict], windows: list[tuple[float, float]]) -> list
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-impl", choices=("portable", "sglang", "both"), default="both",
                         help="which K3 the arms serve (default both, one after the other)")
-    parser.add_argument("--arms", nargs="+", choices=tuple(ARM_HELP), default=list(ARM_HELP),
-                        help="default A D C (A is always included)")
+    parser.add_argument("--arms", nargs="+", choices=tuple(ARM_HELP), default=list(DEFAULT_ARMS),
+                        help="default A D C (A is always included; S: D on the speculative path, for comparison)")
     parser.add_argument("--requests", type=int, default=12, help="rounds per arm and concurrency (default 12)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1],
                         help="requests released together per round (default 1; each value is its own section)")
@@ -124,6 +131,8 @@ def arm_env(arm: str, impl: str, steps_prefix: Path) -> dict[str, str]:
         return env
     if arm == "D":
         return {**env, "K3_SPEC_VERIFY_MODE": "decode"}
+    if arm == "S":
+        return {**env, "K3_SPEC_VERIFY_MODE": "decode", "K3_SPEC_PLAIN_PATH": "0"}
     return {**env, "K3_SPEC_VERIFY_MODE": "compact", "K3_SPEC_DRAFTER": "lookup",
             "K3_SPEC_COST_TABLE": str(_cost_table(impl).resolve())}
 
@@ -161,19 +170,35 @@ def run_model(args: argparse.Namespace, impl: str, work: Path) -> dict:
                     _, res = run_cell(servers[arm].url, keyed, c, args.max_new_tokens)
                     rounds[c][arm].append((sorted(res, key=lambda r: r.key), t0, time.perf_counter()))
                 print(f"{impl}: c={c} round {i + 1}/{args.requests} on {', '.join(order)}", flush=True)
-        mismatches = explain_outputs(servers["A"].url, rounds, prompts, getattr(args, "dtype", "bfloat16"))
+        dtype = getattr(args, "dtype", "bfloat16")
+        control = run_controls(servers["A"].url, rounds, prompts, args.max_new_tokens) if dtype == "bfloat16" else {}
+        mismatches = explain_outputs(servers["A"].url, rounds, prompts, dtype, control)
         time.sleep(3 * FLUSH_SECONDS)  # the servers' step writers take their last records (no atexit on a signal)
     finally:
         for s in servers.values():
             s.stop()
     rows = {arm: read_steps(prefixes[arm]) for arm in args.arms}
     return ({c: {arm: arm_result(rows[arm], rounds[c][arm], c) for arm in args.arms} for c in args.concurrency},
-            mismatches)
+            mismatches, {c: len(out) for c, out in control.items()})
 
 
-def explain_outputs(url: str, rounds: dict, prompts: dict[str, list[int]], dtype: str) -> list:
-    """Every arm's greedy mismatch against A, classified at its first differing token by probing A's server
-    (tooling/bench/output_identity.py); run after the timed rounds, so the probes are never timed."""
+def run_controls(url: str, rounds: dict, prompts: dict[str, list[int]], new_tokens: int) -> dict:
+    """bf16: per concurrency, A's own outputs for a sample of its rounds' prompts at another batch shape
+    (tooling/bench/identity_control.py), after the timed rounds (never timed)."""
+    from k3_sglang.tooling.bench.identity_control import control_groups, run_control
+
+    out = {}
+    for c, by_arm in rounds.items():
+        keys = [r.key for results, _, _ in by_arm["A"] for r in results]
+        out[c] = run_control(url, control_groups(keys, c), prompts, new_tokens)
+    return out
+
+
+def explain_outputs(url: str, rounds: dict, prompts: dict[str, list[int]], dtype: str, control=None) -> list:
+    """Every arm's (and the bf16 control's) greedy mismatch against A, classified at its first differing token by
+    probing A's server (tooling/bench/output_identity.py); run after the timed rounds, so the probes are never
+    timed."""
+    from k3_sglang.tooling.bench.identity_control import CONTROL_ARM
     from k3_sglang.tooling.bench.output_identity import explain, server_vocab
 
     outputs: dict[str, dict[str, tuple[int, ...]]] = {}
@@ -182,7 +207,24 @@ def explain_outputs(url: str, rounds: dict, prompts: dict[str, list[int]], dtype
             for results, _, _ in arm_rounds:
                 for r in results:
                     outputs.setdefault(r.key, {})[arm] = r.output_ids
+    for by_key in (control or {}).values():
+        for key, ids in by_key.items():
+            outputs[key][CONTROL_ARM] = ids
     return explain(outputs, prompts, url, dtype, server_vocab(url))
+
+
+def judge_sections(per_model: dict, mismatches: list, controls: dict) -> dict:
+    """bf16: {(impl, c): ([Judgement per spec arm], control prompts compared)} against each section's control (identity_control.judge)."""
+    from k3_sglang.tooling.bench.identity_control import judge
+
+    out = {}
+    for impl, by_c in per_model.items():
+        for c, arms in by_c.items():
+            mine = [m for m in mismatches if m.key.startswith(f"{impl}/c{c}/")]
+            compared = {arm: len(res["outputs"]) for arm, res in arms.items()}
+            n_control = controls[impl].get(c, 0)
+            out[(impl, c)] = (judge(mine, compared, n_control), n_control)
+    return out
 
 
 def arm_result(rows: list[dict], rounds: list, c: int) -> dict:
@@ -206,16 +248,20 @@ def run(args: argparse.Namespace) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="k3-bench-plain-decode-"))
-    per_model, mismatches = {}, []
+    per_model, mismatches, controls = {}, [], {}
     for impl in _impls(args):
-        per_model[impl], found = run_model(args, impl, work)  # impl -> c -> arm -> result
+        per_model[impl], found, controls[impl] = run_model(args, impl, work)  # impl -> c -> arm -> result
         mismatches += found
-    text = report(args, started, load_before, per_model, mismatches)
+    bf16 = getattr(args, "dtype", "bfloat16") == "bfloat16"
+    judged = judge_sections(per_model, mismatches, controls) if bf16 else None
+    text = report(args, started, load_before, per_model, mismatches, judged)
     print(text)
     if args.out != "-":
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
         print(f"wrote {args.out}")
+    if judged is not None:  # bf16: judged against the control (identity_control.py)
+        return 1 if any(not j.ok for js, _ in judged.values() for j in js) else 0
     from k3_sglang.tooling.bench.output_identity import failed
 
     return 1 if failed(mismatches) else 0

@@ -33,7 +33,7 @@ def _ms(seconds: float) -> str:
 
 
 def model_section(impl: str, c: int, arms: dict, help_text: dict[str, str], mismatches=None,
-                  dtype: str = "bfloat16") -> list[str]:
+                  dtype: str = "bfloat16", judged=None) -> list[str]:
     base = arms["A"]["steps"]
     name = "SGLang's own K3 (`kimi_k3`)" if impl == "sglang" else "the portable K3"
     unit = "request" if c == 1 else "round"
@@ -75,12 +75,21 @@ def model_section(impl: str, c: int, arms: dict, help_text: dict[str, str], mism
         if mismatches is not None:
             from k3_sglang.tooling.bench.output_identity import summary_lines
 
-            lines += ["  " + x for x in summary_lines([m for m in mismatches if m.key.startswith(f"{impl}/c{c}/")],
-                                                      dtype)]
+            mine = [m for m in mismatches if m.key.startswith(f"{impl}/c{c}/")]
+            if judged is None:
+                lines += ["  " + x for x in summary_lines(mine, dtype)]
+            else:
+                lines += ["  " + x for x in summary_lines([m for m in mine if m.arm in arms], dtype, verdict=False)]
+    if judged is not None and mismatches is not None:
+        from k3_sglang.tooling.bench.identity_control import envelope_line, judgement_lines
+
+        mine = [m for m in mismatches if m.key.startswith(f"{impl}/c{c}/")]
+        lines.append("- bf16 " + envelope_line(mine, judged[1]))
+        lines += ["  - " + x if not x.startswith("  ") else "    " + x for x in judgement_lines(judged[0])]
     return lines + [""]
 
 
-def report(args, started, load_before, per_model: dict, mismatches=None) -> str:
+def report(args, started, load_before, per_model: dict, mismatches=None, judged=None) -> str:
     from k3_sglang.tooling.bench.plain_decode import ARM_HELP
     from k3_sglang.tooling.bench.profile_verify import machine
 
@@ -121,5 +130,6 @@ def report(args, started, load_before, per_model: dict, mismatches=None) -> str:
     body: list[str] = []
     for impl, by_c in per_model.items():
         for c, arm_results in by_c.items():
-            body += model_section(impl, c, arm_results, ARM_HELP, mismatches, dtype)
+            section = None if judged is None else judged[(impl, c)]
+            body += model_section(impl, c, arm_results, ARM_HELP, mismatches, dtype, section)
     return "\n".join(head + body)
