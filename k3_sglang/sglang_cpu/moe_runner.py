@@ -24,11 +24,14 @@ def gated_activation(x: torch.Tensor, config: MoeRunnerConfig) -> torch.Tensor:
     linear_beta = gemm1_clamp_limit) or SiLU, computed in float32 as SGLang's fused MoE does."""
     d = x.shape[-1] // 2
     gate, up = x[:, :d].float(), x[:, d:].float()
-    if config.activation == "situ":
+    if gate.data_ptr() == x.data_ptr():  # float32 x: .float() returned views of x, which must not be written
+        gate, up = gate.clone(), up.clone()
+    if config.activation == "situ":  # in place on the float32 copies: the same ops in the same order, no temporaries
         beta = config.gemm1_alpha if config.gemm1_alpha is not None else 4.0
-        gate = beta * torch.tanh(gate / beta) * torch.sigmoid(gate)
+        gate = gate.sigmoid().mul_(gate.div_(beta).tanh_().mul_(beta))  # beta * tanh(gate / beta) * sigmoid(gate)
         if config.gemm1_clamp_limit is not None:
-            up = config.gemm1_clamp_limit * torch.tanh(up / config.gemm1_clamp_limit)
+            limit = config.gemm1_clamp_limit
+            up = up.div_(limit).tanh_().mul_(limit)
     elif config.activation == "silu" and config.gemm1_alpha is None and config.swiglu_limit is None:
         gate = torch.nn.functional.silu(gate)
     else:

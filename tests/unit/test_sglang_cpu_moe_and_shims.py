@@ -161,3 +161,17 @@ def test_dense_experts_on_bf16_activations_compute_in_float32_and_round_once():
     got = moe_runner.grouped_experts(x, w13, w2, weights, ids, config)  # T * E * 3I * D is under the dense budget
     assert got.dtype == torch.bfloat16
     assert_close("dense experts, bf16", _reference(x, w13, w2, weights, ids, config), got, 1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_activation_matches_situ_and_leaves_its_input_unwritten(dtype):
+    """The activation works in place on its float32 copies: a float32 input (whose .float() is itself) must come back
+    unchanged, and the result is SiTU in float64 up to rounding."""
+    config = _config()
+    x = (torch.randn(37, 2 * I) * 6).to(dtype)
+    before = x.clone()
+    got = moe_runner.gated_activation(x, config)
+    assert_bit_exact("input", before, x)
+    gate, up = x[:, :I].double(), x[:, I:].double()
+    want = (4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate)) * (25.0 * torch.tanh(up / 25.0))
+    assert_close("SiTU", want, got, FP32_VS_FP64 if dtype == torch.float32 else 2e-2)
