@@ -58,8 +58,11 @@ def attn_res_mix(prefix_sum: torch.Tensor, bank: torch.Tensor, nvb: int, cw: tor
     """
     if nvb == 0:
         return prefix_sum
+    T, H = prefix_sum.shape
     rows = torch.cat([bank[:, :nvb], prefix_sum.unsqueeze(1)], dim=1).float()  # [T, R, H]
-    scores = (rows @ cw.float()) * torch.rsqrt(rows.square().mean(-1) + eps)  # [T, R]
+    flat = rows.view(-1, H)  # one [T * R, H] GEMM and one norm reduction: no [T, R, H] temporaries
+    ms = torch.linalg.vector_norm(flat, dim=-1).square_().div_(H)  # mean(rows_r^2)
+    scores = torch.mm(flat, cw.float().view(H, 1)).view(-1).mul_(torch.rsqrt(ms.add_(eps))).view(T, -1)  # [T, R]
     probs = torch.softmax(scores, dim=-1)
     return torch.bmm(probs.unsqueeze(1), rows).squeeze(1).to(prefix_sum.dtype)
 

@@ -152,12 +152,15 @@ def kda_extend(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cache_
     tracks = track_chunk_idx.tolist() if track_chunk_idx is not None else None
     live = [i for i, slot in enumerate(slots) if slot != PAD_SLOT_ID and starts[i + 1] > starts[i]]
     rows, counts = _chunk_rows(starts, live, T)
-    entering: dict[int, torch.Tensor] = {}
+    entering: dict[int, list[torch.Tensor]] = {}  # each live sequence's states entering its chunks [H, K, V]
     if live:
         g, beta = gate_and_beta(a[0], b[0], A_log, dt_bias, lower_bound, H, K)  # [T, H, K], [T, H]
 
+        in_place = rows.numel() == T and bool((rows == torch.arange(T)).all())  # no padding, no reordering
+
         def chunks(x: torch.Tensor) -> torch.Tensor:  # packed [T, H, *] -> [H, N_c, CHUNK, *], padding rows 0
-            x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[rows]
+            if not in_place:
+                x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[rows]
             return x.view(-1, CHUNK, *x.shape[1:]).movedim(2, 0).contiguous()
 
         qc = chunks(l2_normalize(q[0].float(), L2_EPS) * K ** -0.5)
@@ -174,21 +177,24 @@ def kda_extend(q, k, v, a, b, *, A_log, dt_bias, lower_bound, ssm_states, cache_
                 i, c = owner[n0 + j]
                 if c == 0:
                     S = ssm_states[slots[i]].float().transpose(-1, -2).clone()  # [H, K, V], not a view of the pool
-                entering[i] = torch.cat([entering[i], S[None]]) if c else S[None]
+                entering.setdefault(i, []).append(S)
                 v_new = U[:, j] - W_[:, j] @ S
                 oc[:, n0 + j] = Q_g[:, j] @ S + A_qk[:, j] @ v_new
                 S = decay[:, j, :, None] * S + K_d[:, j].transpose(-1, -2) @ v_new
                 if c == counts[live.index(i)] - 1:
                     ssm_states[slots[i]] = S.transpose(-1, -2).to(ssm_states.dtype)
-        keep = rows < T
-        o[0, rows[keep]] = oc.movedim(0, 2).reshape(-1, H, V)[keep].to(o.dtype)
+        if in_place:
+            o[0] = oc.movedim(0, 2).reshape(-1, H, V).to(o.dtype)
+        else:
+            keep = rows < T
+            o[0, rows[keep]] = oc.movedim(0, 2).reshape(-1, H, V)[keep].to(o.dtype)
     states: list[torch.Tensor] = []
     for i, slot in enumerate(slots):
         n_chunks = -(-(starts[i + 1] - starts[i]) // CHUNK)
         if i not in entering:
             states += [ssm_states.new_zeros(n_chunks, H, V, K, dtype=torch.float32)] if return_chunk_states else []
             continue
-        h_i = entering[i].transpose(-1, -2)  # [n_chunks, H, V, K]
+        h_i = torch.stack(entering[i]).transpose(-1, -2)  # [n_chunks, H, V, K]
         states.append(h_i)
         if track_state is not None and tracks is not None and 0 <= tracks[i] < n_chunks:
             track_state[i] = h_i[tracks[i]]

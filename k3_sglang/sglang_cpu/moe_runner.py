@@ -24,11 +24,14 @@ def gated_activation(x: torch.Tensor, config: MoeRunnerConfig) -> torch.Tensor:
     linear_beta = gemm1_clamp_limit) or SiLU, computed in float32 as SGLang's fused MoE does."""
     d = x.shape[-1] // 2
     gate, up = x[:, :d].float(), x[:, d:].float()
-    if config.activation == "situ":
+    if gate.data_ptr() == x.data_ptr():  # float32 x: .float() returned views of x, which must not be written
+        gate, up = gate.clone(), up.clone()
+    if config.activation == "situ":  # in place on the float32 copies: the same ops in the same order, no temporaries
         beta = config.gemm1_alpha if config.gemm1_alpha is not None else 4.0
-        gate = beta * torch.tanh(gate / beta) * torch.sigmoid(gate)
+        gate = gate.sigmoid().mul_(gate.div_(beta).tanh_().mul_(beta))  # beta * tanh(gate / beta) * sigmoid(gate)
         if config.gemm1_clamp_limit is not None:
-            up = config.gemm1_clamp_limit * torch.tanh(up / config.gemm1_clamp_limit)
+            limit = config.gemm1_clamp_limit
+            up = up.div_(limit).tanh_().mul_(limit)
     elif config.activation == "silu" and config.gemm1_alpha is None and config.swiglu_limit is None:
         gate = torch.nn.functional.silu(gate)
     else:
@@ -56,33 +59,44 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_w
     flat_ids = topk_ids.reshape(-1).long()
     flat_w = topk_weights.reshape(-1).float()
     routed = ((flat_ids >= 0) & (flat_ids < E)).nonzero().flatten()
-    order = routed[torch.argsort(flat_ids[routed], stable=True)]
-    experts, counts = torch.unique_consecutive(flat_ids[order], return_counts=True)
-    per_slot = x.new_zeros(T * k, D)
-    start = 0
-    for e, n in zip(experts.tolist(), counts.tolist()):
-        slots = order[start:start + n]
-        start += n
-        rows = x[slots // k]
-        if config.apply_router_weight_on_input:
-            rows = (rows.float() * flat_w[slots, None]).to(x.dtype)
-        h = rows @ w13[e].to(x.dtype).t()
-        if b13 is not None:
-            h = (h.float() + b13[e].float()).to(x.dtype)
-        y = gated_activation(h, config) @ w2[e].to(x.dtype).t()
-        if b2 is not None:
-            y = (y.float() + b2[e].float()).to(x.dtype)
-        if not config.apply_router_weight_on_input and not (config.no_combine and not
-                                                            config.no_combine_keep_router_weight):
-            y = (y.float() * flat_w[slots, None]).to(x.dtype)
-        per_slot[slots] = y
-    per_slot = per_slot.view(T, k, D)
+    order = routed[torch.argsort(flat_ids[routed], stable=True)]  # slots (token * k + j), grouped by expert
+    expert_of_row = flat_ids[order]
+    counts = torch.bincount(expert_of_row, minlength=E).tolist()
+    tok, w = order // k, flat_w[order]  # [N] token and router weight of every routed slot, in expert order
+    xs = x[tok]  # [N, D]: one gather for all experts
+    if config.apply_router_weight_on_input:
+        xs = (xs.float() * w[:, None]).to(x.dtype)
+    y = _per_expert_mlp(xs, w13, w2, counts, config, b13)  # [N, D]
+    if b2 is not None:
+        y = (y.float() + b2.float()[expert_of_row]).to(x.dtype)
+    weighted = not config.apply_router_weight_on_input and not (config.no_combine and
+                                                                  not config.no_combine_keep_router_weight)
     if config.no_combine:
-        return per_slot
-    out = per_slot.float().sum(1)
+        per_slot = x.new_zeros(T * k, D)
+        per_slot[order] = (y.float() * w[:, None]).to(x.dtype) if weighted else y
+        return per_slot.view(T, k, D)
+    out = torch.zeros(T, D, dtype=torch.float32, device=x.device)
+    out.index_add_(0, tok, y.float() * w[:, None] if weighted else y.float())  # sum over each token's k slots
     if config.routed_scaling_factor is not None:
         out = out * config.routed_scaling_factor
     return out.to(x.dtype)
+
+
+def _per_expert_mlp(rows: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, counts: list[int],
+                    config: MoeRunnerConfig, b13: torch.Tensor | None) -> torch.Tensor:
+    """rows [N, D] grouped by expert (counts[e] consecutive rows for expert e) -> [N, D] in rows.dtype: each
+    expert's gate/up GEMM, activation and down GEMM on its own rows (cache-sized pieces), written into one output."""
+    out = rows.new_empty(rows.shape[0], w2.shape[1])
+    start = 0
+    for e, n in enumerate(counts):
+        if not n:
+            continue
+        h = rows[start:start + n] @ w13[e].to(rows.dtype).t()
+        if b13 is not None:
+            h = (h.float() + b13[e].float()).to(rows.dtype)
+        torch.mm(gated_activation(h, config), w2[e].to(rows.dtype).t(), out=out[start:start + n])
+        start += n
+    return out
 
 
 def _dense_experts(x, w13, w2, topk_weights, topk_ids, config, b13, b2) -> torch.Tensor:

@@ -3,6 +3,7 @@
 kernels/kda/naive.py on fresh random inputs. Padding slots (-1) must leave every pool row untouched."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from k3_sglang.kernels.kda.naive import kda_gate, l2_normalize, naive_recurrent_kda, short_conv_silu
@@ -80,6 +81,39 @@ def test_prefill_conv_and_chunked_recurrence_match_the_reference():
     for untouched in (2, 5):
         assert_bit_exact(f"conv slot {untouched}", conv0[untouched], conv[untouched])
         assert_bit_exact(f"state slot {untouched}", state0[untouched], state[untouched])
+
+
+@pytest.mark.parametrize("lens,slots", [([128], [2]), ([64, 64], [0, 3])], ids=["one-prompt", "two-prompts"])
+def test_prefill_of_whole_chunks_reads_the_packed_rows_in_place_and_matches_the_reference(lens, slots):
+    """Prompts of whole 64-token chunks, none padding: kda_extend chunks the packed rows without a gather (its
+    in-place path); outputs, final states and every chunk's entering state against the float64 reference."""
+    conv_w, A_log, dt_bias = _weights()
+    T = sum(lens)
+    x, f, b = torch.randn(T, D), torch.randn(T, H * K), torch.randn(T, H)
+    conv, state = _pools(4)
+    conv0, state0 = conv.clone(), state.clone()
+    qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    idx = torch.tensor(slots, dtype=torch.int32)
+    y = kda_ops.causal_conv1d_fn(x.t().contiguous(), conv_w, None, conv.transpose(-1, -2), qsl, lens, idx,
+                                 torch.ones(len(lens), dtype=torch.bool), "silu").t()
+    q, k, v = y.split([H * K, H * K, H * V], -1)
+    o, h = kda_ops.kda_extend(q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, H, V),
+                              f.reshape(1, T, H, K), b.reshape(1, T, H), A_log=A_log.view(1, 1, H, 1),
+                              dt_bias=dt_bias, lower_bound=LB, ssm_states=state, cache_indices=idx,
+                              query_start_loc=qsl, return_chunk_states=True)
+    assert not o.isnan().any() and h.shape[1] == T // kda_ops.CHUNK
+    at = 0
+    for i, (n, slot) in enumerate(zip(lens, slots)):
+        rows = slice(at, at + n)
+        want_o, _, want_S = _reference_sequence(x[rows], f[rows], b[rows], conv_w, A_log, dt_bias, conv0[slot],
+                                                state0[slot])
+        assert_close(f"o[{i}]", want_o, o[0, rows], FP32_VS_FP64)
+        assert_close(f"state[{i}]", want_S, state[slot], FP32_VS_FP64)
+        for c in range(n // kda_ops.CHUNK):
+            lo = slice(rows.start, rows.start + c * kda_ops.CHUNK)
+            _, _, S_c = _reference_sequence(x[lo], f[lo], b[lo], conv_w, A_log, dt_bias, conv0[slot], state0[slot])
+            assert_close(f"h[{i}, chunk {c}]", S_c, h[0, at // kda_ops.CHUNK + c], FP32_VS_FP64)
+        at += n
 
 
 def test_decode_step_and_verify_chain_match_the_reference():

@@ -30,7 +30,8 @@ def _reference(x, w13, w2, weights, ids, config, b13=None, b2=None):
             e = int(ids[t, j])
             if not 0 <= e < w13.shape[0]:
                 continue
-            h = x[t].double() @ w13[e].double().t() + (b13[e].double() if b13 is not None else 0)
+            xin = x[t].double() * (float(weights[t, j]) if config.apply_router_weight_on_input else 1.0)
+            h = xin @ w13[e].double().t() + (b13[e].double() if b13 is not None else 0)
             gate, up = h[:I], h[I:]
             if config.activation == "situ":
                 act = config.gemm1_alpha * torch.tanh(gate / config.gemm1_alpha) * torch.sigmoid(gate)
@@ -38,7 +39,8 @@ def _reference(x, w13, w2, weights, ids, config, b13=None, b2=None):
             else:
                 act = torch.nn.functional.silu(gate)
             y = (act * up) @ w2[e].double().t() + (b2[e].double() if b2 is not None else 0)
-            out[t, j] = y * (1.0 if config.no_combine and not config.no_combine_keep_router_weight
+            out[t, j] = y * (1.0 if config.apply_router_weight_on_input or (
+                config.no_combine and not config.no_combine_keep_router_weight)
                              else float(weights[t, j]))
     if config.no_combine:
         return out
@@ -48,17 +50,23 @@ def _reference(x, w13, w2, weights, ids, config, b13=None, b2=None):
 
 @pytest.mark.parametrize("budget", [0, moe_runner.DENSE_BUDGET], ids=["grouped", "dense"])
 @pytest.mark.parametrize("kw", [dict(), dict(activation="silu", gemm1_alpha=None, gemm1_clamp_limit=None),
-                                dict(no_combine=True), dict(routed_scaling_factor=2.5)],
-                         ids=["situ", "silu", "no-combine", "scaled"])
+                                dict(no_combine=True), dict(routed_scaling_factor=2.5),
+                                dict(apply_router_weight_on_input=True)],
+                         ids=["situ", "silu", "no-combine", "scaled", "weight-on-input"])
 def test_grouped_experts_match_the_dense_reference(kw, budget):
     config = _config(**kw)
     x, w13, w2 = torch.randn(T, D), torch.randn(E, 2 * I, D) / D ** 0.5, torch.randn(E, D, I) / I ** 0.5
     weights = torch.rand(T, TOPK)
-    ids = torch.randint(0, E, (T, TOPK))
+    # top-k never picks one expert twice; the dense path merges such picks' weights, which with the router weight
+    # on the input changes the result, so that case draws distinct experts per token
+    distinct = config.apply_router_weight_on_input and budget
+    ids = (torch.stack([torch.randperm(E)[:TOPK] for _ in range(T)]) if distinct else
+           torch.randint(0, E, (T, TOPK)))
     ids[2, 1] = -1  # another rank's expert (EP): skipped
     ids[4, 0] = E + 3
     b13, b2 = torch.randn(E, 2 * I), torch.randn(E, D)
-    ids[6] = ids[6, 0]  # a token that picks one expert twice
+    if not distinct:
+        ids[6] = ids[6, 0]  # a token that picks one expert twice
     got = moe_runner.grouped_experts(x, w13, w2, weights, ids, config, b13, b2, dense_budget=budget)
     assert_close("grouped experts", _reference(x, w13, w2, weights, ids, config, b13, b2), got, FP32_VS_FP64)
 
@@ -153,3 +161,17 @@ def test_dense_experts_on_bf16_activations_compute_in_float32_and_round_once():
     got = moe_runner.grouped_experts(x, w13, w2, weights, ids, config)  # T * E * 3I * D is under the dense budget
     assert got.dtype == torch.bfloat16
     assert_close("dense experts, bf16", _reference(x, w13, w2, weights, ids, config), got, 1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_activation_matches_situ_and_leaves_its_input_unwritten(dtype):
+    """The activation works in place on its float32 copies: a float32 input (whose .float() is itself) must come back
+    unchanged, and the result is SiTU in float64 up to rounding."""
+    config = _config()
+    x = (torch.randn(37, 2 * I) * 6).to(dtype)
+    before = x.clone()
+    got = moe_runner.gated_activation(x, config)
+    assert_bit_exact("input", before, x)
+    gate, up = x[:, :I].double(), x[:, I:].double()
+    want = (4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate)) * (25.0 * torch.tanh(up / 25.0))
+    assert_close("SiTU", want, got, FP32_VS_FP64 if dtype == torch.float32 else 2e-2)
