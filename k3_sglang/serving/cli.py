@@ -30,7 +30,7 @@ from k3_sglang.serving.settings import ServeSettings
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
-TINY_DIR_NAME = "k3-tiny-v2"  # v2: 128K-token context (max_position_embeddings 131072)
+TINY_DIR_NAME = "k3-tiny-v3"  # v2: 128K-token context (max_position_embeddings 131072); v3: a miniature vision_config
 # Defaults for the embedded (CPU) path; each is skipped when the user passes that flag.
 CPU_DEFAULTS = {
     # The KV pool holds one 128K-token session (k3-tiny: 3 MLA layers x 80 values, 63 MB in bf16); a prompt

@@ -20,13 +20,15 @@ from k3_sglang.dcp_mla import BACKEND_NAME as DCP_ATTENTION_BACKEND
 from k3_sglang.sglang_cpu import MLA_BACKEND_NAME as ATTENTION_BACKEND
 # SGLang field -> limit. Raise `supported` when a size has an end-to-end test on CPU.
 SUPPORTED_PARALLEL_SIZES: dict[str, ParallelLimit] = {
-    "tp_size": ParallelLimit("--tp-size", 2, "tensor parallelism", "tested at 2 ranks on CPU"),
-    "pp_size": ParallelLimit("--pp-size", 2, "pipeline parallelism", "tested at 2 stages on CPU"),
-    "dcp_size": ParallelLimit("--dcp-size", 2, "decode context parallelism",
-                              "tested at 2 ranks on CPU, on the k3_dcp_mla backend"),
+    "tp_size": ParallelLimit("--tp-size", 4, "tensor parallelism",
+                             "tested up to 4 ranks on CPU (tests/e2e/test_sglang_k3_wide_slow.py)"),
+    "pp_size": ParallelLimit("--pp-size", 4, "pipeline parallelism",
+                             "tested up to 4 stages on CPU (tests/e2e/test_sglang_k3_wide_slow.py)"),
+    "dcp_size": ParallelLimit("--dcp-size", 4, "decode context parallelism",
+                              "tested up to 4 ranks on CPU, on the k3_dcp_mla backend"),
     "attn_dp_size": ParallelLimit("--attn-dp-size", 1, "DP attention", "no CPU path"),
     "attn_cp_size": ParallelLimit("--attn-cp-size", 1, "attention context parallelism", "no CPU path"),
-    "ep_size": ParallelLimit("--ep-size", 2, "expert parallelism", "tested at 2 ranks on CPU"),
+    "ep_size": ParallelLimit("--ep-size", 4, "expert parallelism", "tested up to 4 ranks on CPU"),
     "moe_dp_size": ParallelLimit("--moe-dp-size", 1, "MoE data parallelism", "no CPU path"),
     "dp_size": ParallelLimit("--dp-size", 1, "data-parallel replicas", "not tested on CPU"),
 }

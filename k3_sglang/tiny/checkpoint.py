@@ -20,6 +20,12 @@ from k3_sglang.tiny.tokenizer import write_tokenizer
 CHECKPOINT_PREFIX = "language_model."
 CHAT_TEMPLATE_FILE = Path(__file__).with_name("chat_template.jinja")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+# SGLang's K3 class (`KimiK3ForConditionalGeneration`) builds its MoonViT vision tower and projector from
+# `vision_config` on every rank, text-only servers included; without one it takes SGLang's default (27 layers,
+# 1,024 wide: ~1.5 GB of float32 per rank, 8 ranks would not fit a small host). The miniature checkpoint has no
+# vision weights, so it declares a miniature tower (one layer, 32 wide).
+TINY_VISION_CONFIG = {"vt_num_hidden_layers": 1, "vt_hidden_size": 32, "vt_num_attention_heads": 2,
+                      "vt_intermediate_size": 64, "qkv_hidden_size": 32}
 
 
 def chat_template() -> str:
@@ -82,7 +88,7 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, with_tokenizer: bo
     cfg = preset(preset_name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    hf = cfg.to_hf()
+    hf = {**cfg.to_hf(), "vision_config": TINY_VISION_CONFIG}
     (out / "config.json").write_text(json.dumps(hf, indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": cfg.tokens.bos, "eos_token_id": [cfg.tokens.eos, cfg.tokens.bos + 9], "pad_token_id": cfg.tokens.pad}))

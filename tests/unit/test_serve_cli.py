@@ -21,7 +21,7 @@ def test_dry_run_prints_sglang_command_with_defaults(tmp_path, capsys, monkeypat
     assert "k3_sglang.serving.launch" in out and "--host 127.0.0.1 --port 30000" in out
     assert "--reasoning-parser kimi_k3" in out and "--tool-call-parser kimi_k3" in out
     assert "--dtype float32" in out
-    assert (tmp_path / "k3-tiny-v2" / "model.safetensors").exists()
+    assert (tmp_path / "k3-tiny-v3" / "model.safetensors").exists()
 
 
 def test_user_flags_override_defaults(tmp_path):

@@ -23,10 +23,10 @@ def cpu_sglang(monkeypatch, tmp_path):
 
 
 REFUSED = [
-    (["--tp-size", "4"], "--tp-size 4: tensor parallelism"),
-    (["--pp-size", "3"], "--pp-size 3: pipeline parallelism"),
-    (["--dcp-size", "4"], "--dcp-size 4: decode context parallelism"),
-    (["--tp-size", "2", "--ep-size", "4"], "--ep-size 4: expert parallelism"),
+    (["--tp-size", "8"], "--tp-size 8: tensor parallelism"),
+    (["--pp-size", "8"], "--pp-size 8: pipeline parallelism"),
+    (["--dcp-size", "8"], "--dcp-size 8: decode context parallelism"),
+    (["--tp-size", "4", "--ep-size", "8"], "--ep-size 8: expert parallelism"),
     (["--dp-size", "2"], "--dp-size 2: data-parallel replicas"),
     (["--attention-backend", "triton"], "--attention-backend triton: K3's MLA runs on the k3_cpu_mla or k3_dcp_mla backend"),
     (["--decode-attention-backend", "flashinfer"], "--decode-attention-backend flashinfer"),
@@ -53,16 +53,18 @@ def test_each_refusal_exits_2_naming_the_flag(cpu_sglang, capsys, flags, reason)
 
 
 def test_every_reason_is_listed_at_once(cpu_sglang, capsys):
-    assert main(["serve", "--tp-size", "4", "--attention-backend", "triton", "--enable-torch-compile"]) == 2
+    assert main(["serve", "--tp-size", "8", "--attention-backend", "triton", "--enable-torch-compile"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n  - ") == 3
 
 
 def test_the_defaults_and_the_tested_sizes_pass(cpu_sglang):
-    for flags in ([], ["--tp-size", "2", "--ep-size", "2"], ["--pp-size", "2"], ["--dtype", "bfloat16"],
-                  ["--tp-size", "2", "--dcp-size", "2"]):
+    tested = ([], ["--tp-size", "2", "--ep-size", "2"], ["--pp-size", "2"], ["--dtype", "bfloat16"],
+              ["--tp-size", "2", "--dcp-size", "2"], ["--tp-size", "4", "--ep-size", "4", "--dcp-size", "4"],
+              ["--pp-size", "4"])
+    for flags in tested:
         assert main(["serve", *flags]) == 0
-    assert len(cpu_sglang) == 5
+    assert len(cpu_sglang) == len(tested)
 
 
 def test_overlap_scheduler_is_refused_with_no_buffer():

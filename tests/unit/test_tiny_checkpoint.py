@@ -101,3 +101,15 @@ def test_sglang_kimi_k3_tool_parser_reads_the_rendered_call():
     result = KimiK3Detector().detect_and_parse(EXPECTED_WITH_TOOLS[start:end], [Tool(**TOOLS[0])])
     assert [c.name for c in result.calls] == ["get_weather"]
     assert json.loads(result.calls[0].parameters) == {"city": "Paris", "days": 3, "metric": True}
+
+
+def test_vision_tower_is_a_miniature(tiny):
+    """SGLang's K3 class builds its MoonViT tower on every rank from config.json's vision_config (SGLang's default:
+    ~401M parameters, 1.6 GB per rank in float32); the tiny checkpoint's must stay small."""
+    from sglang.srt.configs.kimi_k3 import KimiK3Config
+    from sglang.srt.models.kimi_k3_vl import KimiK3MultiModalProjector, KimiK3VisionTower
+
+    vision = KimiK3Config(**json.loads((tiny / "config.json").read_text())).vision_config
+    params = sum(p.numel() for m in (KimiK3VisionTower(vision), KimiK3MultiModalProjector(vision))
+                 for p in m.parameters())
+    assert 0 < params < 1_000_000, params
