@@ -5,8 +5,7 @@ matrix per head), so these check what can be checked at that length: the default
 pool and chunk defaults) completes a 100K-token request, and in float32 the greedy continuation does not depend
 on how the prompt was cut into prefill chunks (every chunk boundary moves; the cached-prefix attention, KDA
 state carry and pool layout must all agree). The 2K-4K prompts of test_long_context.py carry the
-reference comparison. Both run on each model (`K3_MODEL_IMPL`): the portable model and SGLang's own K3 on the
-k3_cpu platform.
+reference comparison.
 """
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from k3_sglang.serving.process import K3ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 LENGTH = 100_000
-IMPLS = pytest.mark.parametrize("impl", ["portable", "sglang"])
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -36,9 +34,8 @@ def _greedy(server, ids: list[int], new_tokens: int) -> dict:
     return resp.json()
 
 
-def _served(args: list[str], log, ids: list[int], new_tokens: int, impl: str) -> tuple[list[int], float]:
-    server = K3ServerProcess(args, log, env={"K3_MODEL_IMPL": impl})
-    server.start(timeout_s=float(os.environ.get("K3_TEST_STARTUP_S", "400")))
+def _served(args: list[str], log, ids: list[int], new_tokens: int) -> tuple[list[int], float]:
+    server = K3ServerProcess(args, log).start(timeout_s=float(os.environ.get("K3_TEST_STARTUP_S", "400")))
     try:
         start = time.perf_counter()
         out = _greedy(server, ids, new_tokens)
@@ -47,17 +44,15 @@ def _served(args: list[str], log, ids: list[int], new_tokens: int, impl: str) ->
         server.stop()
 
 
-@IMPLS
-def test_default_server_completes_a_100k_token_prompt(tmp_path, impl):
-    output, seconds = _served([], tmp_path / "serve.log", _prompt(LENGTH, 1), 16, impl)
+def test_default_server_completes_a_100k_token_prompt(tmp_path):
+    output, seconds = _served([], tmp_path / "serve.log", _prompt(LENGTH, 1), 16)
     assert len(output) == 16
-    print(f"100K-token prompt + 16 tokens on the default server ({impl}): {seconds:.0f} s")
+    print(f"100K-token prompt + 16 tokens on the default server: {seconds:.0f} s")
 
 
-@IMPLS
-def test_100k_greedy_output_does_not_depend_on_the_chunk_size(tiny_dir, tmp_path, impl):
+def test_100k_greedy_output_does_not_depend_on_the_chunk_size(tiny_dir, tmp_path):
     ids = _prompt(LENGTH, 2)
     base = ["--model-path", str(tiny_dir), "--dtype", "float32"]
-    a, _ = _served(base + ["--chunked-prefill-size", "4096"], tmp_path / "a.log", ids, 16, impl)
-    b, _ = _served(base + ["--chunked-prefill-size", "1536"], tmp_path / "b.log", ids, 16, impl)
+    a, _ = _served(base + ["--chunked-prefill-size", "4096"], tmp_path / "a.log", ids, 16)
+    b, _ = _served(base + ["--chunked-prefill-size", "1536"], tmp_path / "b.log", ids, 16)
     assert a == b
