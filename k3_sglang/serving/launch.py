@@ -77,7 +77,7 @@ def main(argv: list[str]) -> None:
     server_args = prepare_server_args(argv)
     message = None
     decided = deployment_decision.current()  # K3_DEPLOYMENT, or SGLang's own selectors for a server started by hand
-    if decided is not None and (decided.portable or decided.on_cpu):
+    if decided is not None and decided.on_cpu:
         reasons = deployment_refusals(decided, server_args, os.environ if decided.on_cpu else None)
         message = refusal_message(decided, reasons) if reasons else None
     if message:

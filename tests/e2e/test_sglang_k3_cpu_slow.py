@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 def _reference(path):
     from k3_sglang.config import K3Config
-    from k3_sglang.model.reference import ReferenceK3, load_reference_tensors
+    from tests.utils.reference_k3 import ReferenceK3, load_reference_tensors
 
     return ReferenceK3(K3Config.from_json(path), load_reference_tensors(path))
 
