@@ -154,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                         help="--dtype of every server (default: k3 serve's, bf16)")
     parser.add_argument("--model-impl", choices=("sglang",), default="sglang",
-                        help="which K3 every arm serves (default portable; sglang: SGLang's own K3 with default "
+                        help="which K3 every arm serves (sglang: SGLang's own K3, the one model; default "
                              f"--cost-table {COST_SGLANG} and --out {DOC_SGLANG})")
     parser.add_argument("--cost-table", default=None,
                         help=f"C's cost table (default {COST_SGLANG})")
