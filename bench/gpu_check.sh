@@ -15,8 +15,8 @@
 #   3. bench/kernels_gpu.py: every Triton kernel checked and timed at K3-full shapes, and the fused KDA decode as a
 #      fraction of the measured HBM bandwidth (goal >= 70 %).
 # SGLang steps, only where sglang 0.5.23 imports (elsewhere reported as NOT RUN; they never fail the kernel verdict):
-#   4. the portable model's layers through the kernels, compiled (tests/model, K3_KERNEL_TESTS_ON_GPU=1);
-#   5. the tiny K3 served on CUDA by the portable model, token for token against the float64 reference.
+#   4. the CPU plugin's kernel tests that need SGLang (tests/model, K3_KERNEL_TESTS_ON_GPU=1);
+#   5. the tiny K3 served on CUDA by SGLang's own K3, token for token against the float64 reference.
 # Everything (machine, versions, each step's exit code, time and output, two verdicts) goes to one markdown report.
 # Exit code 0 only when the kernel steps passed and no SGLang step that ran failed. A step that cannot run is
 # reported as NOT RUN, never as a pass; without a CUDA device the kernel verdict is NOT RUN and the exit code 1.
@@ -120,7 +120,7 @@ if sglang_ready >/dev/null 2>&1 && [ "$ENV_RC" = 0 ]; then
     step "4. model layers through the kernels, compiled (tests/model)" 80 \
         'K3_KERNEL_TESTS_ON_GPU=1 "$PY" -m pytest tests/model -q -p no:cacheprovider -rs'
     MODEL_RC=$?
-    step "5. tiny K3 on CUDA (portable model) vs the float64 reference" 170 serve_vs_reference
+    step "5. tiny K3 on CUDA (SGLang's K3) vs the float64 reference" 170 serve_vs_reference
     SERVE_RC=$?
 else
     section "4-5. SGLang steps"

@@ -5,7 +5,6 @@ Heavy modules (torch, sglang) are imported lazily by the pieces that need them, 
 """
 
 __version__ = "0.1.0"
-PORTABLE_PACKAGE = "k3_sglang.models"  # the portable model, registered through SGLANG_EXTERNAL_MODEL_PACKAGE
 
 from k3_sglang import _checkout  # noqa: E402
 

@@ -188,7 +188,7 @@ class SiTUConfig:
 @dataclass(frozen=True)
 class QuantConfig:
     """Routed-expert weight quantisation: 'mxfp4' (E2M1 + E8M0 per group), 'none', or 'other' (a scheme SGLang's own
-    K3 may load, e.g. another compressed-tensors format; `scheme` names it; the portable model refuses it)."""
+    K3 may load on a GPU, e.g. another compressed-tensors format; `scheme` names it; refused on CPU)."""
 
     method: str = "none"
     group_size: int = 32
@@ -203,11 +203,11 @@ class QuantConfig:
     def experts_mxfp4(self) -> bool:
         return self.method == "mxfp4"
 
-    def portable_problem(self) -> str | None:
-        """Why the portable model cannot load this quantization (None: it can)."""
+    def cpu_problem(self) -> str | None:
+        """Why SGLang's K3 cannot load this quantization on the k3_cpu platform (None: it can)."""
         if self.method != "other":
             return None
-        return (f"quantization ({self.scheme}): the portable model loads unquantised checkpoints or MXFP4 routed "
+        return (f"quantization ({self.scheme}): SGLang's K3 on CPU loads unquantised checkpoints or MXFP4 routed "
                 "experts (compressed-tensors mxfp4-pack-quantized) only")
 
 

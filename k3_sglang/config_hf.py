@@ -11,7 +11,7 @@ loader reads it (a group's `format` wins over the top-level one, which may be "m
 SGLang leaves without a default (the layer lists, head counts, ranks, expert counts) are required, and K3's
 architecture is checked: where SGLang's defaults describe another model (SiLU instead of SiTU, RoPE, no MLA gate, no
 full-rank or lower-bound KDA gate) the field is named. A quantization other than MXFP4 experts parses as 'other'
-(SGLang's K3 may load it; the portable model refuses it, serving/portable_limits.py).
+(SGLang's K3 may load it on a GPU; refused on CPU, serving/sglang_cpu_limits.py).
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
-"""One deployment decision: which K3, on which platform, with which SGLang command line, parsed once.
+"""One deployment decision: on which platform, with which SGLang command line, parsed once.
 
 `k3 serve` parses the user's SGLang flags once with SGLang's own parser (`ServerArgs.add_cli_args`, a `--config`
-YAML merged exactly as SGLang's `prepare_server_args` merges it) into a frozen `Deployment`: the model served
-(portable or SGLang's K3), the platform (k3_cpu or cuda), the parallel sizes, the speculative algorithm, the PD mode,
-HiCache, dtype, chunked prefill, KV events, and `given` (every SGLang field the user set, on the command line or in the
+YAML merged exactly as SGLang's `prepare_server_args` merges it) into a frozen `Deployment`: the platform SGLang's
+K3 (`sglang.srt.models.kimi_k3`, the one model) runs on (k3_cpu or cuda), the parallel sizes, the speculative
+algorithm, the PD mode, HiCache, dtype, chunked prefill, KV events, and `given` (every SGLang field the user set, on the command line or in the
 YAML). Our defaults, the limits, the server environment and `serving/launch.py` read that object; nothing scans the
 raw command line. A flag set in a `--config` file is therefore seen exactly as the same flag on the command line.
 
 SGLang's server processes get the decision through one variable, `K3_DEPLOYMENT` (JSON, written by `k3 serve`), which
 the plugins' "does this apply" read (`current()`), instead of re-deriving it from the environment. A server SGLang
-started without `k3 serve` (plain `sglang serve` with `SGLANG_PLATFORM=k3_cpu`, or the portable model registered by
-hand) has no such variable: `current()` then reads SGLang's own two selectors, in this one place.
+started without `k3 serve` (plain `sglang serve` with `SGLANG_PLATFORM=k3_cpu`) has no such variable: `current()`
+then reads SGLang's own platform selector, in this one place.
 """
 from __future__ import annotations
 
@@ -24,11 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from k3_sglang import PORTABLE_PACKAGE
-
 ENV_VAR = "K3_DEPLOYMENT"
 PLATFORM_CPU = "k3_cpu"  # k3_sglang.platform.PLATFORM_NAME (not imported: that module stays import-light)
-ModelName = Literal["portable", "sglang"]
 PlatformName = Literal["k3_cpu", "cuda"]
 
 
@@ -102,12 +99,11 @@ def _str(args, name: str, default: str | None = None) -> str | None:
 
 @dataclass(frozen=True)
 class Deployment:
-    """What `k3 serve` serves: the model and platform, and the SGLang settings that decide our defaults, limits,
+    """What `k3 serve` serves: the platform SGLang's K3 runs on, and the SGLang settings that decide our defaults, limits,
     environment and plugins. `given`: the SGLang fields the user set (a default of ours yields to each).
     `args`: SGLang's parsed namespace of the same command line (what the limits read); not carried to the server
     processes."""
 
-    model: ModelName = "portable"
     platform: PlatformName = "k3_cpu"
     tp: int = 1
     ep: int = 1
@@ -129,17 +125,13 @@ class Deployment:
 
     # -- what the decision implies --------------------------------------------------------------------------------
     @property
-    def portable(self) -> bool:
-        return self.model == "portable"
-
-    @property
     def on_cpu(self) -> bool:
         return self.platform == PLATFORM_CPU
 
     @property
     def sglang_cpu(self) -> bool:
-        """SGLang's own K3 on the k3_cpu platform."""
-        return self.on_cpu and not self.portable
+        """SGLang's own K3 on the k3_cpu platform (our CPU kernels plugged into its seams, k3_sglang/sglang_cpu)."""
+        return self.on_cpu
 
     @property
     def ranks(self) -> int:
@@ -160,7 +152,7 @@ class Deployment:
 
     # -- building and carrying it ---------------------------------------------------------------------------------
     @classmethod
-    def from_argv(cls, argv: list[str], model: ModelName = "portable", platform: PlatformName = PLATFORM_CPU,
+    def from_argv(cls, argv: list[str], platform: PlatformName = PLATFORM_CPU,
                   model_path: str | None = None) -> Deployment:
         """Parse the user's SGLang flags once (SGLang's parser, `--config` merged). model_path is prepended when
         given (SGLang requires one; `k3 serve` takes it as its own flag). Raises ValueError for a command line
@@ -168,15 +160,15 @@ class Deployment:
         argv = list(argv)
         full = ["--model-path", str(model_path or ".")] + argv
         args = parse_sglang_argv(full)
-        return cls.from_args(args, given_fields(argv), model, platform)
+        return cls.from_args(args, given_fields(argv), platform)
 
     @classmethod
-    def from_args(cls, args, given: frozenset[str] = frozenset(), model: ModelName = "portable",
+    def from_args(cls, args, given: frozenset[str] = frozenset(),
                   platform: PlatformName = PLATFORM_CPU) -> Deployment:
         """The decision read from SGLang's argument names (a parsed namespace or a ServerArgs)."""
         speculative = _str(args, "speculative_algorithm")
         return cls(
-            model=model, platform=platform, tp=_int(args, "tp_size"), ep=_int(args, "ep_size"),
+            platform=platform, tp=_int(args, "tp_size"), ep=_int(args, "ep_size"),
             dcp=_int(args, "dcp_size"), pp=_int(args, "pp_size"), dp=max(1, _int(args, "dp_size")),
             speculative_algorithm=speculative.upper() if speculative else None,
             disaggregation_mode=_str(args, "disaggregation_mode", "null"),
@@ -194,15 +186,12 @@ class Deployment:
         """Whether the user set the SGLang field behind `flag` (any of its spellings, or its YAML key)."""
         return dest_of(flag) in self.given
 
-    def with_choice(self, model: ModelName, platform: PlatformName) -> Deployment:
-        return dataclasses.replace(self, model=model, platform=platform)
-
     def applied(self, flags: list[str]) -> Deployment:
         """This deployment with `flags` (ours: defaults for fields the user left unset) applied onto its parsed
         namespace by SGLang's parser, the user's own fields untouched: what the server will run."""
         args = _parser(True).parse_args(list(flags), namespace=copy.copy(self.args))
         added = given_fields(flags)
-        return Deployment.from_args(args, self.given | added, self.model, self.platform)
+        return Deployment.from_args(args, self.given | added, self.platform)
 
     def to_json(self) -> str:
         """The decision as the JSON `K3_DEPLOYMENT` carries (no namespace; `given` as a sorted list)."""
@@ -214,6 +203,7 @@ class Deployment:
         try:
             data = json.loads(text)
             data["given"] = frozenset(data.get("given", ()))
+            data.pop("model", None)  # written by a k3 serve from before the portable model retired
             return cls(**data)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{ENV_VAR} is not a deployment k3 serve wrote: {exc}") from None
@@ -230,8 +220,8 @@ def coerce(deployment: Deployment | list[str]) -> Deployment:
 
 def current(environ: Mapping[str, str] | None = None) -> Deployment | None:
     """The deployment of this (server) process: `K3_DEPLOYMENT` when `k3 serve` started it; else, for a server
-    started another way, what SGLang's own selectors say (SGLANG_PLATFORM=k3_cpu, the portable package registered;
-    with only K3_SERVE_HOOKS=1, SGLang's K3 on CUDA); None where K3 is not in play (plain SGLang on a GPU host)."""
+    started another way, what SGLang's own selector says (SGLANG_PLATFORM=k3_cpu; with only K3_SERVE_HOOKS=1,
+    SGLang's K3 on CUDA); None where K3 is not in play (plain SGLang on a GPU host)."""
     from k3_sglang.serving.kv_events_config import HOOKS_ENV
 
     env = os.environ if environ is None else environ
@@ -239,7 +229,6 @@ def current(environ: Mapping[str, str] | None = None) -> Deployment | None:
     if raw:
         return Deployment.from_json(raw)
     on_cpu = env.get("SGLANG_PLATFORM") == PLATFORM_CPU
-    portable = env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE
-    if not (on_cpu or portable or env.get(HOOKS_ENV) == "1"):
+    if not (on_cpu or env.get(HOOKS_ENV) == "1"):
         return None
-    return Deployment(model="portable" if portable else "sglang", platform=PLATFORM_CPU if on_cpu else "cuda")
+    return Deployment(platform=PLATFORM_CPU if on_cpu else "cuda")

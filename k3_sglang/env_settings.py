@@ -6,9 +6,8 @@ same environment (WorkerSettings.spec: the `K3_SPEC_*` variables). pydantic chec
 bounds; a bad value is a ValueError naming the variable, e.g. `K3_MAX_N must be an integer, got 'zero'`.
 
 One model per process kind: `ServeSettings` (serving/settings.py) for the `k3 serve` process, `WorkerSettings`
-(model/settings.py) for SGLang's server processes that run the portable model (K3_CSV's `SpecSettings` is its
-`spec` section). Two concerns have their own small models, read where they act: `KvEventsSettings`
-(serving/kv_events_config.py, `k3 serve`) and `RetentionSettings` (serving/retention.py, `k3 serve` and SGLang's
+(worker_settings.py) for SGLang's server processes (K3_CSV's `SpecSettings` is its `spec` section). Two concerns
+have their own small models, read where they act: `KvEventsSettings` (serving/kv_events_config.py, `k3 serve`) and `RetentionSettings` (serving/retention.py, `k3 serve` and SGLang's
 scheduler), `HiCacheSettings` (hicache/settings.py, SGLang's scheduler), `GuardSettings` (sglang_guard.py, every K3 process:
 K3_ALLOW_SGLANG_VERSION). The router, planner and launch renderer read no environment (their input is flags and YAML).
 Two variables are not settings but `k3 serve`'s hand-off to its server processes: K3_DEPLOYMENT (the deployment

@@ -24,7 +24,6 @@ class HookSet:
     when: str
     hooks: Callable[[], list[tuple[str, Callable, str]]]
     drift_test: str
-    portable_only: bool = False  # needed only by the portable model (retires with issue 37)
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,6 @@ class Hook:
     when: str
     drift_test: str
     no_seam: str = ""  # why no public SGLang seam serves it (k3_sglang/hook_seams.py; required for REPLACE/AROUND)
-    portable_only: bool = False
 
 
 def _spec_hooks():
@@ -57,14 +55,7 @@ def _contract_hooks():
 def _platform_hooks():
     from k3_sglang import platform_hooks
 
-    return platform_hooks.installed_hooks(portable=False)
-
-
-def _portable_dcp_hooks():
-    from k3_sglang import platform_hooks
-
-    both = {t for t, _, _ in _platform_hooks()}
-    return [h for h in platform_hooks.installed_hooks(portable=True) if h[0] not in both]
+    return platform_hooks.installed_hooks()
 
 
 def _plain_path_hooks():
@@ -135,18 +126,14 @@ def _step_timing_hooks():
 
 
 HOOK_SETS = (
-    HookSet("k3_sglang.platform_hooks", "k3_cpu platform, portable model", _portable_dcp_hooks,
-            "tests/unit/test_platform_hooks.py", portable_only=True),
-    HookSet("k3_sglang.platform_hooks", "k3_cpu platform, either model", _platform_hooks,
-            "tests/unit/test_platform_hooks.py"),
-    HookSet("k3_sglang.spec.plugin", "k3_cpu platform, either model", _spec_hooks,
-            "tests/spec/test_spec_worker_parts.py"),
-    HookSet("k3_sglang.spec.contract", "k3_cpu platform, either model", _contract_hooks, "tests/spec/test_contract.py"),
-    HookSet("k3_sglang.spec.pp_hooks", "k3_cpu platform, either model (inert but for K3_CSV)", _pp_hooks,
+    HookSet("k3_sglang.platform_hooks", "k3_cpu platform", _platform_hooks, "tests/unit/test_platform_hooks.py"),
+    HookSet("k3_sglang.spec.plugin", "k3_cpu platform", _spec_hooks, "tests/spec/test_spec_worker_parts.py"),
+    HookSet("k3_sglang.spec.contract", "k3_cpu platform", _contract_hooks, "tests/spec/test_contract.py"),
+    HookSet("k3_sglang.spec.pp_hooks", "k3_cpu platform (inert but for K3_CSV)", _pp_hooks,
             "tests/spec/test_pp_hooks.py"),
     HookSet("k3_sglang.spec.plain_path", "every platform with K3_CSV registered (inert until a K3_CSV worker of a "
             "TP1/PP1 server takes it)", _plain_path_hooks, "tests/spec/test_plain_path.py"),
-    HookSet("k3_sglang.sglang_cpu.hooks", "k3_cpu platform, SGLang's own K3", _sglang_cpu_hooks,
+    HookSet("k3_sglang.sglang_cpu.hooks", "k3_cpu platform", _sglang_cpu_hooks,
             "tests/unit/test_sglang_cpu_hooks.py"),
     HookSet("k3_sglang.serving.kv_event_hooks", "every `k3 serve` process (K3_SERVE_HOOKS)", _kv_event_hooks,
             "tests/unit/test_kv_event_hooks.py"),
@@ -156,7 +143,7 @@ HOOK_SETS = (
             "tests/unit/test_kv_event_hooks.py"),
     HookSet("k3_sglang.dcp_mla.plugin", "GPU host, SGLang's own K3 under --dcp-size > 1", _dcp_mla_hooks,
             "tests/unit/test_dcp_mla_hooks.py"),
-    HookSet("k3_sglang.hicache.hooks", "k3_cpu platform, either model", _hicache_hooks,
+    HookSet("k3_sglang.hicache.hooks", "k3_cpu platform", _hicache_hooks,
             "tests/unit/test_hicache_hooks.py"),
     HookSet("k3_sglang.hicache.hooks", "as above, only with K3_HICACHE_FAULT=corrupt-restored-kda (tests' sabotage)",
             _hicache_fault_hooks, "tests/unit/test_hicache_hooks.py"),
@@ -170,11 +157,10 @@ HOOK_SETS = (
 # SGLang extension points used (registries SGLang offers): (what, where, owner).
 REGISTRIES = (
     ("platform `k3_cpu`", "entry-point group sglang.srt.platforms", "k3_sglang.platform"),
-    ("general plugins `k3_portable_dcp`, `k3_spec`, `k3_sglang_k3_cpu`, `k3_session_cache`, `k3_dcp_mla`, "
+    ("general plugins `k3_platform_hooks`, `k3_spec`, `k3_sglang_k3_cpu`, `k3_session_cache`, `k3_dcp_mla`, "
      "`k3_hicache_cpu`, `k3_step_timing`",
      "entry-point group sglang.srt.plugins",
      "pyproject.toml"),
-    ("model package `k3_sglang.models`", "SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.serving.cli"),
     ("speculative algorithm `K3_CSV`", "SpeculativeAlgorithm.register", "k3_sglang.spec.plugin"),
     ("attention backend `k3_cpu_mla`", "attention_registry.ATTENTION_BACKENDS, add_attention_backend_choices, "
      "deepseek AttentionBackendRegistry", "k3_sglang.sglang_cpu.mla_backend"),
@@ -201,10 +187,9 @@ def _why(fn: Callable) -> str:
 
 def all_hooks() -> list[Hook]:
     """Every hook of every set, in registration order within a set."""
-    from k3_sglang.hook_seams import owned_by_portable_model, reason
+    from k3_sglang.hook_seams import reason
 
-    return [Hook(target, kind, _why(fn), s.owner, s.when, s.drift_test, reason(target),
-                 s.portable_only or owned_by_portable_model(s.owner))
+    return [Hook(target, kind, _why(fn), s.owner, s.when, s.drift_test, reason(target))
             for s in HOOK_SETS for target, fn, kind in s.hooks()]
 
 
@@ -214,14 +199,11 @@ def _short(target: str) -> str:
 
 def markdown() -> str:
     """The hook table and the why of each hook, as docs/architecture.md carries them."""
-    from k3_sglang.hook_seams import RETIRES
-
     rows = ["| # | target (SGLang 0.5.23) | kind | owner | when | drift test | no public seam because |",
             "|---|---|---|---|---|---|---|"]
     hooks = all_hooks()
     for i, h in enumerate(hooks, 1):
-        when = f"{h.when}; **{RETIRES}**" if h.portable_only else h.when
-        rows.append(f"| {i} | `{h.target}` | {h.kind} | `{h.owner}` | {when} | `{h.drift_test}` | {h.no_seam or '-'} |")
+        rows.append(f"| {i} | `{h.target}` | {h.kind} | `{h.owner}` | {h.when} | `{h.drift_test}` | {h.no_seam or '-'} |")
     rows += ["", "Why each one:", ""]
     rows += [f"{i}. `{_short(h.target)}`: {h.why}" for i, h in enumerate(hooks, 1)]
     return "\n".join(rows + [""] + _reach_rows() + [""] + _registry_rows() + [""] + [counts_line()])
@@ -238,10 +220,7 @@ def _reach_rows() -> list[str]:
     rows = ["Other reaches into SGLang (attributes swapped or bound, private names, subclasses, environment, "
             "arguments bound by name):", "", "| # | target | kind | seam | owner | test | why |",
             "|---|---|---|---|---|---|---|"]
-    from k3_sglang.hook_seams import RETIRES, owned_by_portable_model
-
-    rows += [f"| R{i} | `{r.target}` | {r.kind} | {r.seam} | `{r.owner}` | `{r.test}` | {r.why}"
-             f"{f'; **{RETIRES}**' if r.portable_only or owned_by_portable_model(r.owner) else ''} |"
+    rows += [f"| R{i} | `{r.target}` | {r.kind} | {r.seam} | `{r.owner}` | `{r.test}` | {r.why} |"
              for i, r in enumerate(reaches(), 1)]
     return rows
 
@@ -252,7 +231,7 @@ def _registry_rows() -> list[str]:
     return rows
 
 
-TARGET_GOAL = 40  # issue 38: hooked targets once the portable model retires (issue 37)
+TARGET_GOAL = 40  # issue 38: at most this many distinct hooked targets
 
 
 def counts() -> dict[str, int]:
@@ -260,9 +239,7 @@ def counts() -> dict[str, int]:
     row is a public seam."""
     hooks = all_hooks()
     rs = reaches()
-    kept = {h.target for h in hooks if not h.portable_only}
     return {"hooks": len(hooks), "hooked_targets": len({h.target for h in hooks}),
-            "hooked_targets_after_portable": len(kept),
             "reaches_public": sum(r.seam == "public" for r in rs),
             "reaches_private": sum(r.seam == "private" for r in rs), "registries": len(REGISTRIES)}
 
@@ -273,8 +250,8 @@ def counts_line() -> str:
     private = c["hooks"] + c["reaches_private"]
     return (f"Counts: {public} public seams ({c['registries']} extension points, {c['reaches_public']} reaches) and "
             f"{private} private internals ({c['hooks']} hooks on {c['hooked_targets']} distinct targets, "
-            f"{c['reaches_private']} reaches). Hooked targets now: {c['hooked_targets']}; after the portable model "
-            f"retires: {c['hooked_targets_after_portable']} (goal: at most {TARGET_GOAL}).")
+            f"{c['reaches_private']} reaches). Hooked targets: {c['hooked_targets']} (issue 38's goal: at most "
+            f"{TARGET_GOAL}).")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,6 @@ refuses a second entry, or keyed on something a plugin cannot set). The inventor
 target, and tests/unit/test_hook_inventory.py fails on a REPLACE/AROUND row without one, on a reason shared by two
 targets, and on a reason left here for a target no longer hooked. The public seams we do use are the inventory's
 registry rows (S1...).
-
-`PORTABLE_MODEL_PATHS` are the portable model's own files (they retire with issue 37): a hook set, reach or registry
-owned only by them is marked so in the table and left out of the count after retirement.
 """
 from __future__ import annotations
 
@@ -25,7 +22,7 @@ _COLLECTIVE = ("the custom op `reg_{op}`, which has no CPU kernel; the `_is_cpu`
 
 NO_PUBLIC_SEAM: dict[str, str] = {
     # -- every `k3 serve` process ---------------------------------------------------------------------------------
-    # -- model overrides, DCP groups and pages (portable model and SGLang's K3 under DCP) -----------------------------
+    # -- model overrides, DCP groups and pages (SGLang's K3 under DCP) ------------------------------------------------
     "sglang.srt.arg_groups.model_hook.collect_model_override_declarations":
         "`register_model_override(_predicate)` only appends providers; nothing removes or wraps SGLang's own K3 "
         "provider, which a CPU DCP layout must leave out or swap for the call",
@@ -176,19 +173,8 @@ NO_PUBLIC_SEAM: dict[str, str] = {
         "step timer's 'fwd' includes",
 }
 
-# The portable model's own files (retire with issue 37): owners under these prefixes belong only to it.
-PORTABLE_MODEL_PATHS = ("k3_sglang.model.", "k3_sglang.models.kimi_k3", "k3_sglang.loader.",
-                        "k3_sglang.parallel.pipeline", "k3_sglang.serving.portable_limits")
-RETIRES = "portable model only (retires with issue 37)"
 
 
 def reason(target: str) -> str:
     """The one line why no public seam serves `target` ("" when none is recorded)."""
     return NO_PUBLIC_SEAM.get(target, "")
-
-
-def owned_by_portable_model(owner: str) -> bool:
-    """Whether a module (or a comma-separated list of them) belongs only to the portable model."""
-    owners = [o.strip() for o in owner.split(",") if o.strip()]
-    return bool(owners) and all(o.startswith(PORTABLE_MODEL_PATHS) or o + "." in PORTABLE_MODEL_PATHS
-                                for o in owners)

@@ -57,6 +57,6 @@ class K3CpuPlatform(CpuDeviceMixin, SRTPlatform):
         return K3CpuCompressedTensorsConfig if quantization == METHOD else None
 
     def support_mamba_cache_extra_buffer(self) -> bool:
-        # The portable KDA layer writes SGLang's track-slot snapshots itself (k3_sglang/model/kda_snapshot.py);
-        # the scheduler's one pinned copy on that path is made pageable by platform_hooks (hook 4).
+        # SGLang's KDA backend writes its track-slot snapshots (the decode-time tracking in torch:
+        # dcp_mla/cpu_kernels.py); the scheduler's one pinned copy on that path is made pageable by platform_hooks (3).
         return True

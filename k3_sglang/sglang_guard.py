@@ -14,8 +14,7 @@ SGLang swallows failures where we plug in: `load_plugins` logs a plugin that rai
    wrapper SGLang put there; and every k3-sglang plugin entry point completed. Otherwise exit 2 naming each missing
    hook and plugin (tests/unit/test_sglang_guard.py sabotages both).
 
-"K3 in play": `k3 serve` started the process (K3_SERVE_HOOKS=1), or SGLang runs on our k3_cpu platform, or the
-portable model package is registered, or K3_STEP_TIMING is set, or one of our plugins registered a hook. Anywhere
+"K3 in play": `k3 serve` started the process (K3_SERVE_HOOKS=1), or SGLang runs on our k3_cpu platform, or K3_STEP_TIMING is set, or one of our plugins registered a hook. Anywhere
 else (plain `sglang.launch_server` on another model) the plugins register nothing and nothing here runs.
 """
 from __future__ import annotations
@@ -31,7 +30,7 @@ from k3_sglang.env_settings import EnvModel
 SGLANG_PIN = "0.5.23"
 DIST_NAMES = ("k3-sglang", "k3_sglang")
 PLUGIN_GROUP = "sglang.srt.plugins"
-IN_PLAY_ENV = (("K3_SERVE_HOOKS", "1"), ("SGLANG_PLATFORM", "k3_cpu"), ("SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.models"))
+IN_PLAY_ENV = (("K3_SERVE_HOOKS", "1"), ("SGLANG_PLATFORM", "k3_cpu"))
 
 _completed: set[str] = set()  # "module:function" of every plugin entry point of ours that returned in this process
 

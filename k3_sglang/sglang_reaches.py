@@ -30,7 +30,6 @@ class Reach:
     test: str
     why: str
     fingerprint: tuple[str, ...] | None = None
-    portable_only: bool = False  # needed only by the portable model (retires with issue 37)
 
     @property
     def owners(self) -> tuple[str, ...]:
@@ -48,7 +47,7 @@ _GC = f"{_PS}.GroupCoordinator"
 _MO = "sglang.srt.arg_groups.model_override_base._MODEL_OVERRIDE_FNS"
 _URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 _KDA = "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher"
-_DCP = "k3_sglang.dcp_mla.overrides, k3_sglang.platform_hooks"
+_DCP = "k3_sglang.dcp_mla.overrides"
 T_PLAT, T_DCP, T_HIC = "tests/unit/test_platform_hooks.py", "tests/unit/test_dcp_mla_hooks.py", \
     "tests/unit/test_hicache_hooks.py"
 T_KV, T_CPU, T_SPEC = "tests/unit/test_kv_event_hooks.py", "tests/unit/test_sglang_cpu_moe_and_shims.py", \
@@ -186,8 +185,6 @@ REACHES = (
     Reach("sglang.srt.platforms.cpu.CpuDeviceMixin", "SUBCLASS", "k3_sglang.platform_cpu", "public",
           "tests/unit/test_server_process.py", "SGLang's CPU device behaviour for the k3_cpu platform"),
     # -- SGLANG_* environment variables set (public: declared in sglang.srt.environ) --------------------------------
-    Reach("SGLANG_EXTERNAL_MODEL_PACKAGE", "ENV", "k3_sglang.serving.cli", "public", T_SERVE,
-          "registers the portable model package", portable_only=True),
     Reach("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "ENV", "k3_sglang.hicache.serve_flags, "
           "k3_sglang.hicache.session_eviction", "public", "tests/unit/test_hicache_session_eviction.py",
           "`python` with HiCache on CPU: the host tier's session eviction hooks the Python TreeCore (the Rust one "

@@ -1,8 +1,8 @@
-"""The ops the portable model calls: one name per op, a backend per device.
+"""Our kernel ops: one name per op, a backend per device.
 
-The portable K3 model (k3_sglang/model) runs KDA decode and prefill, MLA attention (decode, prefill chunks and
-verify chains, with DCP: `mla_dcp`, which SGLang's K3 reaches through the k3_dcp_mla backend) and the AttnRes reads
-through here; its loader dequantises MXFP4 experts through `dequant_mxfp4`.
+A server calls `mla_dcp` (the k3_dcp_mla and k3_cpu_mla MLA backends of SGLang's K3: one DCP rank's stripe of the
+paged MLA cache; prefill chunks, verify chains and decode). The other ops (KDA decode / verify / prefill, AttnRes
+reads, MXFP4) were the retired portable model's; they remain here for their kernel tests and GPU benchmark only.
 Backends: "triton" (the kernels beside each naive.py; default on CUDA) and "torch" (the reference-equivalent path,
 default elsewhere; batched over requests where the model needs it). Pass backend= to force one; the Triton ones
 also run on CPU under TRITON_INTERPRET=1 (tests). Triton modules are imported on first use, so a CPU process never

@@ -55,7 +55,7 @@ def loopback_servers(result: PlanResult, width: int = DEFAULT_WIDTH) -> list[Loo
     """One server per plan group, every parallel size capped at `width` (a size > 1 stays > 1).
 
     DCP stripes over attention-TP, so it is capped to the capped TP; EP likewise. DP attention is not
-    served by the portable model and has no loopback form: such a plan is refused (PlanError)."""
+    served by SGLang's K3 on CPU and has no loopback form: such a plan is refused (PlanError)."""
     if not 2 <= width <= MAX_WIDTH:
         raise PlanError("loopback-width", f"--loopback-width {width}: choose 2 to {MAX_WIDTH}")
     servers = []
@@ -63,7 +63,7 @@ def loopback_servers(result: PlanResult, width: int = DEFAULT_WIDTH) -> list[Loo
         g = plan.group
         if g.dp_attention > 1:
             raise PlanError("loopback-dp-attention", f"group {name} uses DP attention ({g.label()}), which the "
-                            "portable model on CPU does not serve; a cpu-loopback render needs dp_attention 1")
+                            "SGLang's K3 on CPU does not serve; a cpu-loopback render needs dp_attention 1")
         tp = _cap(g.tp, width)
         servers.append(LoopbackServer(
             name=f"{name}-0", role=g.role, tp=tp, dcp=min(_cap(g.dcp, width), tp), pp=_cap(g.pp, width),

@@ -23,7 +23,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from k3_sglang.dcp_mla import BACKEND_NAME, add_backend_choice
 from k3_sglang.dcp_mla.metadata import StripeBatch, stripe_batch
 from k3_sglang.kernels import dispatch
-from k3_sglang.model.kv_read_trace import ENV as TRACE_ENV, KVReadTrace
+from k3_sglang.dcp_mla.kv_read_trace import ENV as TRACE_ENV, KVReadTrace
 
 LOG2_E = 1.0 / math.log(2.0)
 

@@ -1,5 +1,5 @@
-"""The DCP steps around the kernel that the portable K3 model runs itself (SGLang's K3 runs them in its
-`forward_mla`): all-gather the group's query heads, attend this rank's keys (`dispatch.mla_dcp`), and merge the
+"""The DCP steps around the kernel that the `k3_cpu_mla` backend runs itself (pool_attention.py; the k3_dcp_mla
+backend leaves them to SGLang's K3's `forward_mla`): all-gather the group's query heads, attend this rank's keys (`dispatch.mla_dcp`), and merge the
 ranks' partials with SGLang's own exact LSE merges over SGLang's DCP group (on the k3_cpu platform their Triton
 kernels and collectives take the torch paths of cpu_kernels.py, installed by the plugins).
 """

@@ -5,7 +5,7 @@
 - target verify: the verified tokens per request (dense draft width, or K3_CSV's ragged `verify_lens`), the last at
   global position seq_len + n - 1; keys from the pool (the chain's rows are written first);
 - extend (a prefill chunk): the chunk's queries at positions prefix .. prefix + n - 1. Without SGLang's gathered
-  buffer the keys are this rank's stripe of the pool (the portable model then merges the ranks' partials); with it
+  buffer the keys are this rank's stripe of the pool (the `k3_cpu_mla` backend then merges the ranks' partials); with it
   (SGLang's K3 under DCP all-gathers the prefix and the chunk into `attn_dcp_metadata.dcp_kv_buffer`) every key of
   the request is in that buffer in position order and the chunk attends them all as one dense rank (c = 1).
 """
@@ -45,7 +45,7 @@ def _ptr(lens: torch.Tensor) -> torch.Tensor:
 def _longest(lens: torch.Tensor) -> int:
     """The longest of lens [B], read from the device tensor itself (a host sync), never from SGLang's host copy:
     under CUDA-graph capture seq_lens_cpu holds a fill value and a table sized from it would stay that short at every
-    replay, so capture is refused explicitly (k3_dcp_mla and the portable model run eagerly)."""
+    replay, so capture is refused explicitly (k3_dcp_mla runs eagerly)."""
     if lens.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("k3_dcp_mla: MLA attention cannot run under CUDA-graph capture (its block table is sized "
                            "from the live seq_lens); serve with --cuda-graph-backend-decode disabled")

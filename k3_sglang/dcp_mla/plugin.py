@@ -2,7 +2,7 @@
 hook for SGLang's own K3 on a GPU host (CUDA; ROCm and Blackwell keep SGLang's DCP backends unless asked), in a
 server `k3 serve` started (its decision in K3_DEPLOYMENT; plain `sglang serve` on the same host is untouched).
 
-Inert when the portable model is registered (it runs MLA attention itself), and on the k3_cpu platform, where the
+Inert on the k3_cpu platform, where the
 SGLang-K3-on-CPU plugin (`k3_sglang/sglang_cpu/hooks.py`) installs the same backend and hook together with the CPU
 paths of SGLang's DCP helpers.
 """
@@ -14,12 +14,12 @@ from k3_sglang.sglang_guard import sglang_plugin
 
 
 def active() -> bool:
-    """True where `k3 serve` started SGLang's own K3 on a GPU host (its deployment: model sglang, platform cuda);
+    """True where `k3 serve` started SGLang's own K3 on a GPU host (its deployment: platform cuda);
     plain `sglang serve` in the same environment is left alone."""
     from k3_sglang.deployment import current
 
     deployment = current()
-    return deployment is not None and not deployment.portable and not deployment.on_cpu
+    return deployment is not None and not deployment.on_cpu
 
 
 def installed_hooks():

@@ -1,6 +1,6 @@
 """SGLang general plugin (`sglang.srt.plugins` entry point `k3_hicache_cpu`): SGLang's own HiCache (host tier L2,
-storage tier L3) for K3 on the k3_cpu platform, the portable model or SGLang's own K3 (K3_MODEL_IMPL=sglang,
-no_buffer KDA states). Inert unless the k3_cpu platform is selected (a CUDA host is never touched).
+storage tier L3) for SGLang's own K3 on the k3_cpu platform (no_buffer KDA
+states). Inert unless the k3_cpu platform is selected (a CUDA host is never touched).
 
 SGLang 0.5.23 builds its hybrid host pools (MLA latent pages + KDA state slots, `hybrid_pool_assembler.
 build_hybrid_mamba_stack`), cache controller, transfer engine and storage backends on any platform; a CPU host
@@ -62,7 +62,7 @@ TRANSFER_MODULES = ("sglang.srt.mem_cache.pool_host.mla", "sglang.srt.mem_cache.
 
 
 def active() -> bool:
-    """True when SGLang runs on our CPU platform (the portable model or SGLang's own K3)."""
+    """True when SGLang runs on our CPU platform."""
     from k3_sglang.platform_hooks import on_k3_cpu
 
     return on_k3_cpu()

@@ -1,11 +1,10 @@
 """`k3 serve [--model-path DIR] [any sglang args]`: SGLang's server with K3 registered.
 
 With no --model-path it builds the k3-tiny checkpoint once into the cache folder and serves
-it on 127.0.0.1:30000. Which K3 runs (serving/model_choice.py): on CUDA, SGLang's own K3 model
-with the checkpoint's quantization, unless K3_MODEL_IMPL=portable or the checkpoint is the tiny
-one; on a host without CUDA, this repo's portable model on our CPU platform plugin. The portable
-model refuses, before anything starts, what it cannot serve (serving/portable_limits.py). The
-user's SGLang flags are parsed once into a `Deployment` (k3_sglang/deployment.py, a `--config` YAML
+it on 127.0.0.1:30000. One model serves everywhere: SGLang's own K3 (`sglang.srt.models.kimi_k3`)
+with the checkpoint's quantization; on a host without CUDA it runs on our k3_cpu platform with the CPU
+kernels our plugin plugs into its seams (k3_sglang/sglang_cpu), and what it cannot serve there is
+refused before anything starts (serving/sglang_cpu_limits.py). The user's SGLang flags are parsed once into a `Deployment` (k3_sglang/deployment.py, a `--config` YAML
 included), which decides our defaults, the limits, the environment and, through K3_DEPLOYMENT, our
 plugins; the flags themselves are passed to SGLang unchanged, our defaults only for fields the user
 left unset.
@@ -23,7 +22,6 @@ from k3_sglang.serving.kv_events_config import KvEventsSettings, hooks_env, kv_e
 from k3_sglang.hicache.host_sizing import mem_available_bytes
 from k3_sglang.hicache.serve_flags import cpu_hicache_env, cpu_hicache_flags, cpu_host_tier
 from k3_sglang.plan.sessions import CPU_MIN_SESSION_TOKENS, MAMBA_TRACK_INTERVAL, UNCAPPED, device_state_slots
-from k3_sglang.serving.model_choice import PORTABLE_PACKAGE, ServedModel
 from k3_sglang.serving.pd_cpu import missing_transfer_engine, pd_cpu_env, pd_cpu_flags
 from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
@@ -44,23 +42,6 @@ CPU_DEFAULTS = {
 # An idle SGLang scheduler busy-polls a whole core unless told to sleep; on a 2-core host that
 # starves everything else.
 CPU_FLAGS = ("--sleep-on-idle",)
-# The portable K3 class is the text model and dequantises its MXFP4 experts itself: tell SGLang's
-# model config so (it would otherwise start the MoonViT multimodal processor for the K3
-# architecture name and build a compressed-tensors quant method that has no CPU path).
-TEXT_ONLY_OVERRIDE = '{"language_model_only": true, "quantization_config": null}'
-# The portable model on any device: text only; SGLang's no_buffer KDA prefix-cache strategy (extra_buffer
-# snapshots states inside SGLang's KDA backend, which the portable layers bypass; no_buffer needs the
-# overlap scheduler off); eager forward (no CUDA graphs). portable_limits.py refuses the opposite choices.
-PORTABLE_DEFAULTS = {
-    "--json-model-override-args": TEXT_ONLY_OVERRIDE,
-    "--mamba-radix-cache-strategy": "no_buffer",
-    # No --mamba-max-states-per-path cap (issue 42): SGLang's cap drops the *shallowest* states of a path, exactly
-    # the chunk-boundary states a shared system prompt resumes from (three requests sharing 1,500 tokens got 0
-    # cached). Every chunk's state is kept and the state pool is sized for it from the KV pool (cpu_state_slots).
-    "--cuda-graph-backend-decode": "disabled",
-    "--cuda-graph-backend-prefill": "disabled",
-}
-PORTABLE_FLAGS = ("--disable-overlap-schedule",)
 # SGLang's own K3 on the k3_cpu platform (k3_sglang/sglang_cpu): its absorbed MLA on our `k3_cpu_mla` backend, the
 # checkpoint's own quantization config (MXFP4 experts upcast by SGLang's MXFP4 method), text only, eager, and the
 # no_buffer KDA prefix cache (which needs the overlap scheduler off). serving/sglang_cpu_limits.py refuses the rest.
@@ -68,14 +49,19 @@ SGLANG_CPU_DEFAULTS = {
     "--attention-backend": "k3_cpu_mla",
     "--json-model-override-args": '{"language_model_only": true}',
     "--mamba-radix-cache-strategy": "no_buffer",
+    # No --mamba-max-states-per-path cap (issue 42): SGLang's cap drops the *shallowest* states of a path, exactly
+    # the chunk-boundary states a shared system prompt resumes from (three requests sharing 1,500 tokens got 0
+    # cached). Every chunk's state is kept and the state pool is sized for it from the KV pool (cpu_state_slots).
     "--cuda-graph-backend-decode": "disabled",
     "--cuda-graph-backend-prefill": "disabled",
 }
 SGLANG_CPU_FLAGS = ("--disable-overlap-schedule",)
 # SGLang's K3 on CPU under --dcp-size > 1: the k3_dcp_mla backend (k3_sglang/dcp_mla; our model-override hook would
-# pick it anyway) and, as for the portable model, the extra_buffer KDA prefix cache DCP's radix pages need.
+# pick it anyway) and the extra_buffer KDA prefix cache DCP's radix pages need (under DCP SGLang's radix pages are
+# page_size x dcp_size tokens, and its KDA prefix cache then needs state snapshots at page boundaries; no_buffer
+# works at page size 1 only; docs/parallel.md).
 SGLANG_CPU_DCP_DEFAULTS = {"--attention-backend": "k3_dcp_mla", "--mamba-radix-cache-strategy": "extra_buffer"}
-# Both models: K3's XTML reasoning and tool-call channels.
+# Every platform: K3's XTML reasoning and tool-call channels.
 COMMON_DEFAULTS = {"--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3"}
 COMMON_FLAGS: tuple[str, ...] = ()
 
@@ -150,32 +136,27 @@ def check_dynamic_chunking(model_path: Path, d: Deployment) -> None:
                        f"{DYNAMIC_CHUNKING_PROFILE_IDS} (e.g. the bench-only k3-tiny-pp of `k3 bench pp-prefill`)")
 
 
-def _deployment(extra, on_cpu: bool, portable: bool, model_path=None) -> Deployment:
+def _deployment(extra, on_cpu: bool, model_path=None) -> Deployment:
     """The deployment a caller passed, or one parsed from raw SGLang flags (tests and callers outside `run`)."""
     if isinstance(extra, Deployment):
         return extra
-    return Deployment.from_argv(list(extra), "portable" if portable else "sglang", "k3_cpu" if on_cpu else "cuda",
-                                model_path)
+    return Deployment.from_argv(list(extra), "k3_cpu" if on_cpu else "cuda", model_path)
 
 
 def our_defaults(d: Deployment) -> tuple[dict[str, str], tuple[str, ...]]:
     """`k3 serve`'s defaults for this deployment: valued flags and switches (`compose` leaves out each the user set)."""
-    defaults = {**COMMON_DEFAULTS, **(PORTABLE_DEFAULTS if d.portable else {}),
-                **(SGLANG_CPU_DEFAULTS if d.sglang_cpu else {}), **(CPU_DEFAULTS if d.on_cpu else {})}
+    defaults = {**COMMON_DEFAULTS, **(SGLANG_CPU_DEFAULTS if d.on_cpu else {}), **(CPU_DEFAULTS if d.on_cpu else {})}
     dcp_flags: tuple[str, ...] = ()
-    if d.sglang_cpu and d.dcp > 1:
+    if d.on_cpu and d.dcp > 1:
         defaults["--attention-backend"] = SGLANG_CPU_DCP_DEFAULTS["--attention-backend"]
-    if d.dcp > 1 and (d.portable or d.sglang_cpu) and (d.speculative_algorithm is not None or d.pd):
-        dcp_flags = DCP_NO_PREFIX_CACHE_FLAGS
-    elif d.portable and d.dcp > 1:
-        defaults.update(DCP_PORTABLE_DEFAULTS)
-    elif d.sglang_cpu and d.dcp > 1:
-        defaults.update(SGLANG_CPU_DCP_DEFAULTS)
+        if d.speculative_algorithm is not None or d.pd:
+            dcp_flags = DCP_NO_PREFIX_CACHE_FLAGS
+        else:
+            defaults.update(SGLANG_CPU_DCP_DEFAULTS)
     if d.skip_tokenizer_init:
         defaults.pop("--reasoning-parser")
         defaults.pop("--tool-call-parser")
-    flags = (COMMON_FLAGS + (PORTABLE_FLAGS if d.portable else ()) + (SGLANG_CPU_FLAGS if d.sglang_cpu else ())
-             + (CPU_FLAGS if d.on_cpu else ()) + dcp_flags)
+    flags = COMMON_FLAGS + (SGLANG_CPU_FLAGS + CPU_FLAGS if d.on_cpu else ()) + dcp_flags
     return defaults, flags
 
 
@@ -198,10 +179,10 @@ def compose(model_path: Path, host: str, port: int, d: Deployment,
 
 
 def sglang_argv(model_path: Path, host: str, port: int, extra: list[str], on_cpu: bool = True,
-                portable: bool = True, own_flags: tuple[str, ...] | list[str] = ()) -> list[str]:
-    """SGLang's command line for the user's flags `extra` (parsed once into a Deployment of this model and
-    platform): ours (host, port, the defaults the user did not set, `own_flags`), then the user's flags."""
-    d = _deployment(list(extra), on_cpu, portable, model_path)
+                own_flags: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """SGLang's command line for the user's flags `extra` (parsed once into a Deployment on this platform): ours
+    (host, port, the defaults the user did not set, `own_flags`), then the user's flags."""
+    d = _deployment(list(extra), on_cpu, model_path)
     return compose(model_path, host, port, d, own_flags)[0] + list(extra)
 
 
@@ -245,24 +226,38 @@ def cpu_state_slots(args) -> int | None:
     return device_state_slots(kv_tokens, running, per_request, per_session, CPU_MIN_SESSION_TOKENS)
 
 
-# Under DCP SGLang's radix pages are page_size x dcp_size tokens, and its KDA prefix cache then needs state
-# snapshots at page boundaries (its `extra_buffer` strategy, written by model/kda_snapshot.py; no_buffer works at
-# page size 1 only), so a portable DCP server defaults to it (docs/parallel.md).
-DCP_PORTABLE_DEFAULTS = {"--mamba-radix-cache-strategy": "extra_buffer"}
 # K3_CSV's verify steps leave no extra_buffer track snapshots (SGLang's commit after verification writes the request's
-# own slot; its track-slot copy is untested here), so a speculative DCP server, on either model, keeps no_buffer and
+# own slot; its track-slot copy is untested here), so a speculative DCP server keeps no_buffer and
 # turns the radix cache off instead; so does a PD server under DCP (its decode pool then holds one KDA slot per request, the rule `k3 plan` sizes with).
 DCP_NO_PREFIX_CACHE_FLAGS = ("--disable-radix-cache",)
 
 
-def serving_env(d: Deployment | list[str], on_cpu: bool = True, portable: bool = True) -> dict[str, str]:
-    """The server's environment for deployment `d` (or raw SGLang flags with on_cpu/portable): the portable model
-    registered (or, for SGLang's K3, never registered), the platform, and `K3_DEPLOYMENT`, the decision itself."""
-    d = _deployment(d, on_cpu, portable)
+# The retired portable model's package (it was registered through SGLANG_EXTERNAL_MODEL_PACKAGE); an inherited
+# export of it is dropped (SGLang would fail to import it).
+RETIRED_MODEL_PACKAGE = "k3_sglang.models"
+# K3_MODEL_IMPL picked the portable model or SGLang's K3 until the portable model retired: `k3 serve` ignores it
+# with a warning, and refuses K3_MODEL_IMPL=portable (exit 2) rather than silently serving another model.
+RETIRED_MODEL_IMPL_ENV = "K3_MODEL_IMPL"
+
+
+def retired_model_impl(environ=None) -> tuple[str | None, str | None]:
+    """(error, warning) for a K3_MODEL_IMPL left in the environment: an error for `portable`, a warning otherwise."""
+    value = (os.environ if environ is None else environ).get(RETIRED_MODEL_IMPL_ENV, "").strip()
+    if not value:
+        return None, None
+    if value.lower() == "portable":
+        return (f"{RETIRED_MODEL_IMPL_ENV}=portable: the portable K3 model has retired; SGLang's own K3 "
+                f"(sglang.srt.models.kimi_k3) is the one model on every platform (unset {RETIRED_MODEL_IMPL_ENV})"), None
+    return None, (f"{RETIRED_MODEL_IMPL_ENV}={value} is ignored: SGLang's own K3 is the one model (the portable "
+                  f"model has retired); unset {RETIRED_MODEL_IMPL_ENV}")
+
+
+def serving_env(d: Deployment | list[str], on_cpu: bool = True) -> dict[str, str]:
+    """The server's environment for deployment `d` (or raw SGLang flags with on_cpu): the platform and
+    `K3_DEPLOYMENT`, the decision itself."""
+    d = _deployment(d, on_cpu)
     env = dict(os.environ)
-    if d.portable:
-        env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = PORTABLE_PACKAGE
-    elif env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == PORTABLE_PACKAGE:
+    if env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == RETIRED_MODEL_PACKAGE:
         del env["SGLANG_EXTERNAL_MODEL_PACKAGE"]  # an inherited export must not swap SGLang's K3 out
     if d.k3_csv and d.pp > 1:
         env["SGLANG_ENABLE_PP_SPEC"] = "1"  # SGLang's pipeline speculation relay (spec/pp_hooks.py)
@@ -292,23 +287,9 @@ def env_changes(env: dict[str, str]) -> str:
     return " ".join(changed + [f"-{k}" for k in sorted(os.environ) if k not in env])
 
 
-def served_model(settings: ServeSettings, model_path: Path, default_tiny: bool, on_cpu: bool) -> ServedModel:
-    """Which K3 serves this checkpoint here (raises CliError for a K3_MODEL_IMPL this host cannot run)."""
-    from k3_sglang.cli import CliError
-    from k3_sglang.config import K3Config
-    from k3_sglang.serving.model_choice import choose_model, is_tiny_config
-
-    tiny = default_tiny or is_tiny_config(K3Config.from_json(model_path))
-    try:
-        return choose_model(settings.model_impl, on_cpu, tiny)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-
-
 def check_served(served: Deployment, cpu_env: dict[str, str] | None = None) -> None:
-    """Raise CliError (exit 2) listing every reason the chosen model cannot serve this deployment here (the
-    portable model anywhere, SGLang's K3 on the k3_cpu platform; on CUDA, SGLang's K3 with K3_CSV against the
-    verify contract); with cpu_env (a CPU host: the server's environment) also what HiCache cannot do there
+    """Raise CliError (exit 2) listing every reason SGLang's K3 cannot serve this deployment here (on the k3_cpu
+    platform its limits table; on CUDA, K3_CSV against the verify contract); with cpu_env (a CPU host: the server's environment) also what HiCache cannot do there
     (hicache/serve_flags.py)."""
     from k3_sglang.cli import CliError
     from k3_sglang.serving.limits_table import deployment_refusals, refusal_message
@@ -323,9 +304,14 @@ def run(args: argparse.Namespace) -> int:
     from k3_sglang.platform import cuda_available
 
     from k3_sglang.hicache.settings import HiCacheSettings
-    from k3_sglang.model.settings import WorkerSettings
+    from k3_sglang.worker_settings import WorkerSettings
     from k3_sglang.sglang_guard import GuardSettings, installed_sglang_version, version_refusal
 
+    retired_error, retired_warning = retired_model_impl()
+    if retired_error:
+        raise CliError(retired_error)
+    if retired_warning:
+        print(f"k3 serve: warning: {retired_warning}", file=sys.stderr, flush=True)
     try:
         settings = ServeSettings.from_env()
         WorkerSettings.from_env()  # the workers' K3_* settings (K3_SPEC_* values included), read again there
@@ -343,10 +329,8 @@ def run(args: argparse.Namespace) -> int:
     model_path = args.model_path or ensure_tiny_checkpoint(settings)
     validate_model_path(model_path)
     on_cpu = os.environ.get("SGLANG_PLATFORM") == "k3_cpu" or not cuda_available()
-    model = served_model(settings, model_path, args.model_path is None, on_cpu)
     try:  # the one parse of the user's SGLang flags (a --config YAML merged as SGLang merges it)
-        user = Deployment.from_argv(args.extra_args, "portable" if model.portable else "sglang",
-                                    "k3_cpu" if on_cpu else "cuda", model_path)
+        user = Deployment.from_argv(args.extra_args, "k3_cpu" if on_cpu else "cuda", model_path)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     check_dynamic_chunking(model_path, user)
@@ -370,7 +354,8 @@ def run(args: argparse.Namespace) -> int:
     check_served(served, env if on_cpu else None)
     command = [sys.executable, "-m", "k3_sglang.serving.launch", *argv]
     if args.dry_run:
-        print(f"# model: {model.name} ({model.reason})")
+        where = "the k3_cpu platform, CPU kernels plugged into its seams" if on_cpu else "CUDA"
+        print(f"# model: SGLang's K3 (sglang.srt.models.kimi_k3) on {where}")
         print(f"# environment: {env_changes(env) or 'unchanged'}")
         print(" ".join(command))
         return 0

@@ -5,9 +5,8 @@ The ready line goes through SGLang's own public `launch_server(server_args, laun
 unchanged, without a ready line. Nothing in SGLang is replaced.
 
 Run as `python -m k3_sglang.serving.launch <sglang args>` with the environment `k3 serve` composed (its
-decision in `K3_DEPLOYMENT`, k3_sglang/deployment.py; SGLANG_EXTERNAL_MODEL_PACKAGE for the portable model,
-SGLANG_PLATFORM=k3_cpu on CPU). When the portable model serves, or SGLang's own K3 runs on the k3_cpu platform, the
-parsed ServerArgs (a `--config` file included) are checked again against the same limits table before any server
+decision in `K3_DEPLOYMENT`, k3_sglang/deployment.py; SGLANG_PLATFORM=k3_cpu on CPU). When SGLang's K3 runs on the
+k3_cpu platform, the parsed ServerArgs (a `--config` file included) are checked again against the same limits table before any server
 starts (serving/limits_table.py): exit code 2 and the reasons, as `k3 serve` gives them.
 """
 
@@ -77,7 +76,7 @@ def main(argv: list[str]) -> None:
     server_args = prepare_server_args(argv)
     message = None
     decided = deployment_decision.current()  # K3_DEPLOYMENT, or SGLang's own selectors for a server started by hand
-    if decided is not None and (decided.portable or decided.on_cpu):
+    if decided is not None and decided.on_cpu:
         reasons = deployment_refusals(decided, server_args, os.environ if decided.on_cpu else None)
         message = refusal_message(decided, reasons) if reasons else None
     if message:

@@ -3,9 +3,9 @@ any of them, and docs/serving.md's refusal lists generated from the tables.
 
 A table holds the parallel sizes (largest served), the flags with a closed set of served values, the switches that
 must stay off or on, whether CUDA graphs are refused (eager only), and the few rules that span several flags (each a
-documented function). The tables live beside their model: `serving/sglang_cpu_limits.py` (SGLang's K3 on the k3_cpu
-platform) and `serving/portable_limits.py` (the portable model, on any device). On CUDA, SGLang's K3 checks its own
-arguments; only K3_CSV's verify contract is ours there (`spec/contract.py`).
+documented function). The CPU table lives beside its plugin: `serving/sglang_cpu_limits.py` (SGLang's K3 on the
+k3_cpu platform). On CUDA, SGLang's K3 checks its own arguments; only K3_CSV's verify contract is ours there
+(`spec/contract.py`).
 
 `deployment_refusals` picks the table from the `Deployment` (k3_sglang/deployment.py) and lists every reason at once;
 `k3 serve` and `serving/launch.py` both call it. `python -m k3_sglang.serving.limits_table` prints the markdown of
@@ -121,15 +121,11 @@ def table_refusals(table: PlatformLimits, args) -> list[str]:
 
 
 def deployment_refusals(deployment, args, cpu_env: Mapping[str, str] | None = None) -> list[str]:
-    """Every reason the deployment's model cannot serve `args` on its platform (empty when it can); with cpu_env (a
+    """Every reason SGLang's K3 cannot serve `args` on the deployment's platform (empty when it can); with cpu_env (a
     CPU host: the server's environment) also what HiCache cannot do there (hicache/serve_flags.py)."""
     from k3_sglang.hicache.serve_flags import cpu_hicache_refusals
 
     hicache = cpu_hicache_refusals(args, cpu_env) if cpu_env is not None and deployment.on_cpu else []
-    if deployment.portable:
-        from k3_sglang.serving.portable_limits import portable_refusals
-
-        return portable_refusals(args) + hicache
     if deployment.on_cpu:
         from k3_sglang.serving import sglang_cpu_limits
 
@@ -137,16 +133,12 @@ def deployment_refusals(deployment, args, cpu_env: Mapping[str, str] | None = No
     if deployment.k3_csv:
         from k3_sglang.spec.contract import contract_refusals
 
-        return contract_refusals(args, portable=False)
+        return contract_refusals(args)
     return []  # SGLang's K3 on CUDA checks its own arguments
 
 
 def refusal_message(deployment, reasons: list[str]) -> str:
     """The one error `k3 serve` and the launcher print for the deployment's reasons."""
-    if deployment.portable:
-        from k3_sglang.serving.portable_limits import refusal_message as portable_message
-
-        return portable_message(reasons)
     if deployment.on_cpu:
         from k3_sglang.serving import sglang_cpu_limits
 
@@ -159,9 +151,9 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 
 
 def tables() -> list[PlatformLimits]:
-    from k3_sglang.serving import portable_limits, sglang_cpu_limits
+    from k3_sglang.serving import sglang_cpu_limits
 
-    return [sglang_cpu_limits.limits(), portable_limits.limits()]
+    return [sglang_cpu_limits.limits()]
 
 
 def _served(values: tuple) -> str:

@@ -1,13 +1,12 @@
 """What SGLang's own K3 (`sglang.srt.models.kimi_k3`) cannot serve on the k3_cpu platform, refused before any server
-starts (`k3 serve` with K3_MODEL_IMPL=sglang on a host without CUDA; serving/launch.py checks the parsed ServerArgs
-again).
+starts (`k3 serve` on a host without CUDA; serving/launch.py checks the parsed ServerArgs again).
 
 On CPU SGLang's K3 runs with what our general plugin `k3_sglang_k3_cpu` supplies (k3_sglang/sglang_cpu): the
 `k3_cpu_mla` attention backend (`k3_dcp_mla` under `--dcp-size > 1`, k3_sglang/dcp_mla), a torch KDA kernel inside
 SGLang's KDA backend, a MoE runner core for the "triton" runner name. Everything else SGLang would pick (GPU attention, KDA and MoE backends, CUDA graphs, torch.compile,
 quantized KV, SGLang's own speculative workers, DP attention) has no CPU path and would fail deep inside a rank, so each is named
-here with the flag that asks for it. The checks read SGLang's own argument names (its parsed command line or a
-ServerArgs), as serving/portable_limits.py does for the portable model.
+here with the flag that asks for it. TP/EP/DCP, PP, our K3_CSV speculation (`spec_refusals`), PD disaggregation and
+HiCache are served. The checks read SGLang's own argument names (its parsed command line or a ServerArgs).
 
 The limits are one table (`limits()`, read by serving/limits_table.py's engine); docs/serving.md's list of them is
 generated from it (`python -m k3_sglang.serving.limits_table --write`).
@@ -96,12 +95,53 @@ def _k3_csv(args) -> list[str]:
     algorithm = getattr(args, "speculative_algorithm", None)
     if str(getattr(algorithm, "value", algorithm)) != "K3_CSV":
         return []
-    from k3_sglang.serving.portable_limits import spec_refusals
+    return spec_refusals(args)
 
-    return spec_refusals(args, portable=False)
+
+def spec_refusals(args) -> list[str]:
+    """K3_CSV (k3_sglang/spec) settings this server cannot run: a model or backend outside SGLang's verify contract
+    (spec/contract.py), PP under PD, the extra_buffer prefix cache, fewer than 2 draft tokens, bad K3_SPEC_*.
+    (`k3 serve` sets SGLANG_ENABLE_PP_SPEC for K3_CSV under PP; spec/pp_hooks.py checks the rest.)"""
+    from k3_sglang.worker_settings import WorkerSettings
+    from k3_sglang.spec.contract import contract_refusals
+
+    reasons = contract_refusals(args)
+    pp = int(getattr(args, "pp_size", 1) or 1)
+    mode = getattr(args, "disaggregation_mode", "null") or "null"
+    if pp > 1 and mode != "null":
+        reasons.append(f"--speculative-algorithm K3_CSV with --pp-size {pp} and --disaggregation-mode {mode}: "
+                       "SGLang's pipeline speculation relay is aggregated-only (run the PP prefill server without "
+                       "speculation, K3_CSV on the decode server)")
+    try:
+        WorkerSettings.from_env().spec.ready()
+    except ValueError as e:
+        return reasons + [str(e)]
+    if _strategy(args) == "extra_buffer" and not getattr(args, "disable_radix_cache", False):
+        reasons.append("--speculative-algorithm K3_CSV with --mamba-radix-cache-strategy extra_buffer: the track-slot "
+                       "copy of SGLang's commit after verification has no test here yet (a stale snapshot would "
+                       "restore a wrong state on a prefix hit); use no_buffer (under DCP: --disable-radix-cache, "
+                       "`k3 serve`'s default there)")
+    width = getattr(args, "speculative_num_draft_tokens", None)
+    if width is not None and int(width) < 2:
+        reasons.append(f"--speculative-num-draft-tokens {width}: K3_CSV needs at least 2 (the root and a draft)")
+    return reasons
+
+
+def _quantization(args) -> list[str]:
+    """A checkpoint quantization the CPU path does not load (its config.json, when readable)."""
+    from k3_sglang.config import K3Config
+
+    path = getattr(args, "model_path", None)
+    try:
+        problem = K3Config.from_json(path).quant.cpu_problem() if path else None
+    except (OSError, ValueError):
+        return []  # an unreadable config is reported by --model-path validation
+    return [problem] if problem else []
 
 
 RULES = (
+    Rule("a checkpoint quantization other than none or MXFP4 routed experts (the CPU MoE runner upcasts MXFP4 only)",
+         _quantization),
     Rule("`--mamba-radix-cache-strategy no_buffer` with the radix cache on under `--dcp-size` > 1 (DCP's radix pages "
          "need extra_buffer's snapshots, `k3 serve`'s default there; or `--disable-radix-cache`)", _dcp_prefix_cache),
     Rule("K3_CSV where [spec.md](spec.md) says it cannot run (the verify contract, PP with PD, "
@@ -122,5 +162,5 @@ def refusals(args) -> list[str]:
 
 def refusal_message(reasons: list[str]) -> str:
     lines = "\n".join(f"  - {r}" for r in reasons)
-    return (f"SGLang's K3 (K3_MODEL_IMPL=sglang) cannot serve this configuration on the k3_cpu platform:\n{lines}\n"
-            "Unset K3_MODEL_IMPL to serve the portable model on CPU, or run on a CUDA host.")
+    return (f"SGLang's K3 cannot serve this configuration on the k3_cpu platform:\n{lines}\n"
+            "A CUDA host serves the rest of SGLang's features.")

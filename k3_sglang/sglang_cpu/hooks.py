@@ -1,7 +1,6 @@
 """SGLang general plugin `k3_sglang_k3_cpu` (entry point in pyproject.toml): SGLang's own K3 on the k3_cpu platform.
 
-Active only when SGLang runs on our CPU platform without the portable model registered (`k3 serve` with
-K3_MODEL_IMPL=sglang on a host without CUDA); inert everywhere else. It plugs our CPU kernels into SGLang's seams:
+Active only when SGLang runs on our CPU platform (`k3 serve` on a host without CUDA); inert everywhere else. It plugs our CPU kernels into SGLang's seams:
 
 - MLA: the `k3_cpu_mla` attention backend (mla_backend.py), registered in SGLang's attention-backend registry, its
   argument choices and the deepseek forward-method registry; under `--dcp-size > 1` the `k3_dcp_mla` backend

@@ -6,16 +6,16 @@ q [T, H_l, L] (L = kv_lora_rank + qk_rope_head_dim: the absorbed nope part and t
 step's latent cache rows [norm(c) | k_pe]) and v [T, 1, kv_lora_rank] (a view of k), and expects o [T, H_l *
 kv_lora_rank] back, still in the latent (the model un-absorbs W_UV after).
 
-The attention itself is the portable model's (`k3_sglang.model.mla_attention`): the rows are written to SGLang's
-MLA pool, prefill chunks attend only each request's cached rows through the tiled extend kernel, decode is one
-padded batched attention; under DCP the write is owner-filtered and the stripes are merged through their LSEs.
+The attention itself is k3_dcp_mla's pool attention (`k3_sglang/dcp_mla/pool_attention.py`): the rows are written to
+SGLang's MLA pool, prefill chunks attend only each request's cached rows through the tiled extend kernel, decode is
+one padded batched attention; under DCP the write is owner-filtered and the stripes are merged through their LSEs.
 """
 from __future__ import annotations
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from k3_sglang.model.mla_attention import mla_attention
+from k3_sglang.dcp_mla.pool_attention import mla_attention
 from k3_sglang.parallel.tp import Shard
 
 from k3_sglang.sglang_cpu import MLA_BACKEND_NAME as BACKEND_NAME, add_backend_choice

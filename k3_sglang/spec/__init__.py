@@ -1,1 +1,1 @@
-"""K3_CSV: confidence-scheduled speculative verification for the portable K3 inside SGLang (docs/spec.md)."""
+"""K3_CSV: confidence-scheduled speculative verification for SGLang's K3 (docs/spec.md)."""

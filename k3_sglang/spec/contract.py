@@ -6,8 +6,7 @@ SGLang 0.5.23 verifies drafts of a hybrid model (EAGLE, DSpark) in two moves, an
    every verified token into the mamba pool's per-draft scratch (`MambaPool.SpeculativeState.intermediate_ssm`
    [layers, R, N, ...] and `intermediate_conv_window`), request b at row `select_verify_intermediate_state_indices`
    (row b; under pipeline speculation the request's req-pool row). SGLang's own KDA backend does this
-   (`kda_backend.KDAAttnBackend._forward_target_verify`; on CPU with our kernel, k3_sglang/sglang_cpu), and so does
-   the portable model's KDA layer (k3_sglang/model/kda_layer.py).
+   (`kda_backend.KDAAttnBackend._forward_target_verify`; on CPU with our kernel, k3_sglang/sglang_cpu).
 2. After acceptance, SGLang's commit (`spec_utils.commit_mamba_states_after_verify` ->
    `HybridLinearAttnBackend.update_mamba_state_after_mtp_verify`) copies each request's accepted step (accept length
    - 1) from the scratch into its slot (and, with the extra_buffer prefix cache, the interval-crossing step into its
@@ -19,8 +18,7 @@ that refuses CPU tensors, so on our CPU platform `scatter_after_verify` (an AROU
 `scatter_mamba_states_after_mtp_verify`) performs the same copies in torch.
 
 Who honours the contract (`contract_refusals`, checked before any server starts): a K3 checkpoint (its
-config.json's `architectures`), served by the portable model (its own MLA and KDA layers) or by SGLang's K3 with an
-MLA attention backend whose TARGET_VERIFY reads SGLang's ragged verify layout (a K3_CSV step verifies chains of
+config.json's `architectures`), served by SGLang's K3 with an MLA attention backend whose TARGET_VERIFY reads SGLang's ragged verify layout (a K3_CSV step verifies chains of
 different lengths). Anything else is refused with the reason.
 """
 from __future__ import annotations
@@ -31,7 +29,6 @@ from pathlib import Path
 
 import torch
 
-from k3_sglang.deployment import current as current_deployment
 
 SCATTER_TARGET = "sglang.kernels.ops.mamba.mamba_state_scatter_triton.scatter_mamba_states_after_mtp_verify"
 # The architectures whose SGLang model classes (ours and SGLang's kimi_k3 EntryClass) verify into the contract.
@@ -67,24 +64,20 @@ def _architecture_refusal(architectures: list[str], where: str) -> list[str]:
             f"hybrid KDA verify contract, which only K3 models implement here ({', '.join(K3_ARCHITECTURES)})"]
 
 
-def contract_refusals(args, portable: bool | None = None) -> list[str]:
+def contract_refusals(args) -> list[str]:
     """Every reason this server's model or backend does not honour the verify contract (SGLang argument names:
-    model_path, attention_backend, decode_attention_backend); empty when it does. portable: the portable model
-    serves (None: the server process's deployment, K3_DEPLOYMENT)."""
+    model_path, attention_backend, decode_attention_backend); empty when it does."""
     path = getattr(args, "model_path", None)
     architectures = model_architectures(path)
     reasons = [] if architectures is None else _architecture_refusal(architectures, f"--model-path {path}")
-    if portable is None:
-        portable = getattr(current_deployment(), "portable", False)
-    if not portable:
-        for field, flag in ATTENTION_BACKEND_FIELDS:
-            value = getattr(args, field, None)
-            value = getattr(value, "value", value)
-            if value not in RAGGED_VERIFY_MLA_BACKENDS:
-                shown = ", ".join(b for b in RAGGED_VERIFY_MLA_BACKENDS if b)
-                reasons.append(f"--speculative-algorithm K3_CSV with {flag} {value}: its TARGET_VERIFY does not read "
-                               f"SGLang's ragged verify layout, and K3_CSV verifies chains of different lengths "
-                               f"(served with SGLang's K3: {shown})")
+    for field, flag in ATTENTION_BACKEND_FIELDS:
+        value = getattr(args, field, None)
+        value = getattr(value, "value", value)
+        if value not in RAGGED_VERIFY_MLA_BACKENDS:
+            shown = ", ".join(b for b in RAGGED_VERIFY_MLA_BACKENDS if b)
+            reasons.append(f"--speculative-algorithm K3_CSV with {flag} {value}: its TARGET_VERIFY does not read "
+                           f"SGLang's ragged verify layout, and K3_CSV verifies chains of different lengths "
+                           f"(served with SGLang's K3: {shown})")
     return reasons + draft_refusals(args)
 
 

@@ -1,7 +1,7 @@
 """The target's hidden states at every request's root, for K3_CSV's draft-model drafter (spec/drafters/checkpoint.py).
 
 It uses the seam SGLang's own draft-model workers (DSpark, DFlash) use: `set_dspark_layers_to_capture(layer_ids)`
-on the target model (SGLang's K3 and the portable model both have it) makes every forward hand the LogitsProcessor
+on the target model (SGLang's K3 has it) makes every forward hand the LogitsProcessor
 the streams after those layers, and the forward's `capture_hidden_mode` picks the rows SGLang returns in
 `logits_output.hidden_states` [rows, C*H]:
 - extend (prefill; the last chunk counts): LAST, one row per request, its last token, whose logits chose the first

@@ -1,6 +1,6 @@
 """Typed `K3_SPEC_*` settings of the K3_CSV speculative algorithm (a custom algorithm gets no ServerArgs fields).
 
-The `spec` section of the worker processes' settings (`WorkerSettings.spec`, model/settings.py), parsed once per
+The `spec` section of the worker processes' settings (`WorkerSettings.spec`, worker_settings.py), parsed once per
 process from the environment `k3 serve` hands SGLang's workers:
 - K3_SPEC_DRAFTER: `lookup` (default; prompt lookup over the request's own context, confidence calibrated online),
   `controlled` (replays a reference continuation with a known per-request acceptance; tests and benchmarks) or
@@ -82,6 +82,6 @@ class SpecSettings(EnvModel):
 
 def spec_settings() -> SpecSettings:
     """This worker process's K3_CSV settings (its WorkerSettings' `spec` section), checked ready."""
-    from k3_sglang.model.settings import worker_settings
+    from k3_sglang.worker_settings import worker_settings
 
     return worker_settings().spec.ready()

@@ -11,7 +11,7 @@
    accepted + 1 per request: greedy (spec/accept.py) for an all-greedy batch, otherwise the speculative-sampling
    rule over SGLang's sampling transforms for sampled requests (spec/sampled_verify.py, spec/rejection.py; its
    result is TP rank 0's on every rank), SGLang's commit after acceptance copies that step
-   into the KDA pools (spec/contract.py: the same two calls for SGLang's K3 and the portable model), and the
+   into the KDA pools (spec/contract.py: SGLang's own two calls), and the
    accepted drafts plus the bonus token go back to the scheduler (stride = chain width). Rejected rows' KV slots
    stay reserved past the committed length and are overwritten by the next step.
 5. A step the policy decided before SGLang prepared it to run as plain decode (spec/plain_path.py) arrives with

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from k3_sglang.config import K3Config, preset
-from k3_sglang.loader.manifest import TensorSpec, text_manifest
+from k3_sglang.tiny.manifest import TensorSpec, text_manifest
 from k3_sglang.tiny.tokenizer import write_tokenizer
 
 CHECKPOINT_PREFIX = "language_model."

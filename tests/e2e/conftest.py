@@ -38,7 +38,7 @@ def server(tiny_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def reference(tiny_dir):
     from k3_sglang.config import K3Config
-    from k3_sglang.model.reference import ReferenceK3, load_reference_tensors
+    from tests.utils.reference_k3 import ReferenceK3, load_reference_tensors
 
     return ReferenceK3(K3Config.from_json(tiny_dir), load_reference_tensors(tiny_dir))
 

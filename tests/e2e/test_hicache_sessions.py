@@ -1,4 +1,4 @@
-"""SGLang's HiCache on `k3 serve` (CPU, portable K3, float32): round-robin agent sessions on a device pool too small
+"""SGLang's HiCache on `k3 serve` (CPU, SGLang's K3, float32): round-robin agent sessions on a device pool too small
 for them are resumed from the host tier (L2) or from storage (L3: the file backend, Mooncake store with its master
 started here), and every greedy answer is token-identical to the same traffic on a server with HiCache off.
 

@@ -1,9 +1,9 @@
 """Multi-node rehearsal: the rendered two-node command lines of every launch form (bash script, SLURM batch script,
 LeaderWorkerSet manifest) started on loopback as two processes, one per node rank, SGLang's K3 on CPU
-(K3_MODEL_IMPL=sglang) at TP2 across them over gloo (launch/rehearsal.py keeps the rendered --nnodes, --node-rank
+at TP2 across them over gloo (launch/rehearsal.py keeps the rendered --nnodes, --node-rank
 and --dist-init-addr, resolved as each form's runtime would, and swaps the rack's TP/DCP/EP and GPU flags for the
 tiny checkpoint). Rank 0 serves; its greedy output must equal the float64 reference, which SGLang's K3 at TP1
-matches token for token (tests/e2e/test_sglang_k3_cpu.py). About 3-5 minutes per form on 2 shared cores."""
+matches token for token (tests/e2e/test_serve_matches_reference.py). About 3-5 minutes per form on 2 shared cores."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -29,7 +29,7 @@ def test_two_node_ranks_serve_and_match_the_reference(preset, name, form, tiny_d
     ranks = multinode_commands(render_example(preset)[name], form)
     dist_port = free_port()
     procs = [K3ServerProcess(loopback_args(argv, str(tiny_dir), dist_port, CPU_ARGS), tmp_path / f"rank{i}.log",
-                             env={"K3_MODEL_IMPL": "sglang", "K3_MAX_N": "16"}) for i, argv in enumerate(ranks)]
+                             env={"K3_MAX_N": "16"}) for i, argv in enumerate(ranks)]
     try:
         with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:  # rank 0 is healthy only once rank 1 joined
             for started in [pool.submit(p.start, 900.0) for p in procs]:

@@ -1,10 +1,10 @@
-"""Pipeline-parallel serving of the tiny K3 (float32) on real SGLang: `--pp-size 2` and a PP4 smoke run against
-the one-rank server of conftest.py (same chunking, same pool).
+"""Pipeline-parallel serving of the tiny K3 (float32) on SGLang's own K3 and PP scheduler: `--pp-size 2` and a PP4
+smoke run against the one-rank server of conftest.py (same chunking, same pool).
 
 Chunked pipeline prefill of a 3,000-token prompt in 64-token chunks streams ~47 chunks through the stages, the
 AttnRes bank crossing every boundary; greedy output must equal PP1's token for token and the teacher-forced
 logprobs of every prompt and output position agree within 1e-4 (the ranks run 1 thread each, PP1 two, so GEMM
-reduction order may differ; tests/unit/test_pp_stages.py shows the stages bit-identical at one thread count).
+reduction order may differ).
 The PP4 run uses SGLANG_PP_LAYER_PARTITION=3,1,3,2: stages with no MLA layer ([0,3), [4,7)) and with no KDA
 layer ([3,4), [7,9)), so SGLang builds zero-layer pools on some ranks.
 """
@@ -65,15 +65,12 @@ def test_pp2_batched_prompts_and_a_prefix_cache_hit_match_pp1(server, pp2_server
     assert out["output_ids"] == _generate(server, follow_up, 12)["output_ids"]
 
 
-def test_pp2_ranks_build_their_own_stage(pp2_server):
+def test_pp2_ranks_each_run_their_stage(pp2_server):
     log = pp2_server.log_path.read_text()
-    assert "PP0] K3 pipeline stage: layers [0, 4) of 9 (KDA 0, 1, 2; MLA 3); first stage (embedding); " \
-           "sends hidden_states + 1 AttnRes block" in log
-    assert "PP1] K3 pipeline stage: layers [4, 9) of 9 (KDA 4, 5, 6; MLA 7, 8); receives hidden_states + " \
-           "1 AttnRes block; last stage" in log
     assert "PP1] Prefill batch" in log and "PP0] Prefill batch" in log
 
 
+# WIDTH: needs SGLang's K3 at PP4 on CPU (issue 37, width: serving/sglang_cpu_limits.py); refused (exit 2) until then
 @pytest.mark.slow  # PP2 stays in the default run
 def test_pp4_with_stages_lacking_mla_or_kda_matches_pp1(server, tiny_dir, tmp_path_factory):
     pp4 = _start(tiny_dir, tmp_path_factory, "serve-pp4", ["--pp-size", "4"],
@@ -83,7 +80,4 @@ def test_pp4_with_stages_lacking_mla_or_kda_matches_pp1(server, tiny_dir, tmp_pa
         log = pp4.log_path.read_text()
     finally:
         pp4.stop()
-    for rank, text in enumerate(["layers [0, 3) of 9 (KDA 0, 1, 2; no MLA)", "layers [3, 4) of 9 (no KDA; MLA 3)",
-                                 "layers [4, 7) of 9 (KDA 4, 5, 6; no MLA)", "layers [7, 9) of 9 (no KDA; MLA 7, 8)"]):
-        assert f"PP{rank}] K3 pipeline stage: {text}" in log
-    assert "receives hidden_states + 2 AttnRes blocks" in log  # the hop into [7, 9)
+    assert all(f"PP{rank}] Prefill batch" in log for rank in range(4))

@@ -1,5 +1,5 @@
-"""SGLang's own K3 on CPU beyond the tiny checkpoint and float32 (slow tier): other K3-layout checkpoints the portable
-model loads (k3-tiny-8h: 8 KDA heads; k3-tiny-pp: 16 layers, 10K vocabulary) through SGLang's own MXFP4 path,
+"""SGLang's own K3 on CPU beyond the tiny checkpoint and float32 (slow tier): other K3-layout checkpoints
+(k3-tiny-8h: 8 KDA heads; k3-tiny-pp: 16 layers, 10K vocabulary) through SGLang's own MXFP4 path,
 greedy-identical to the float64 reference; and the default bf16 dtype within a loose logprob bound of it."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 def _reference(path):
     from k3_sglang.config import K3Config
-    from k3_sglang.model.reference import ReferenceK3, load_reference_tensors
+    from tests.utils.reference_k3 import ReferenceK3, load_reference_tensors
 
     return ReferenceK3(K3Config.from_json(path), load_reference_tensors(path))
 
@@ -30,30 +30,27 @@ def test_other_k3_layout_checkpoints_match_the_reference(preset, tmp_path):
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (9, 150)]
     with K3ServerProcess(["--model-path", str(ckpt), "--dtype", "float32", "--chunked-prefill-size", "64",
-                          "--max-total-tokens", "4096", "--skip-tokenizer-init"], tmp_path / "serve.log",
-                         env={"K3_MODEL_IMPL": "sglang"}) as server:
+                          "--max-total-tokens", "4096", "--skip-tokenizer-init"], tmp_path / "serve.log") as server:
         for ids in prompts:
             assert generate(server.url, ids, 10)["output_ids"] == ref.greedy(ids, 10)
 
 
-def _bf16_logprob_error(impl: str, tiny_dir, reference, ids, log) -> float:
-    """Mean |teacher-forced logprob - float64 reference| of a default-dtype (bf16) server of model `impl`."""
-    with K3ServerProcess(["--model-path", str(tiny_dir), "--chunked-prefill-size", "64", "--max-total-tokens", "4096"],
-                         log, env={"K3_MODEL_IMPL": impl}) as server:
-        meta = generate(server.url, ids, 1, return_logprob=True, logprob_start_len=0)["meta_info"]
-    got = torch.tensor([lp for lp, _t, *_ in meta["input_token_logprobs"][1:]], dtype=torch.float64)
-    assert torch.isfinite(got).all(), impl
-    logp = torch.log_softmax(reference.logits(ids), dim=-1)
-    want = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
-    return (got - want).abs().mean().item()
+# bf16 rounding moves this random tiny model's logprobs by ~0.15 on average (0.15 measured on the retired portable
+# model, 2026-12): SGLang's K3 in bf16 must stay within 2x of that, as it was checked against the portable model.
+BF16_MEAN_LOGPROB_BOUND = 2 * 0.15 + 0.02
 
 
-def test_default_bf16_dtype_is_no_further_from_the_reference_than_the_portable_model(tiny_dir, reference, tmp_path):
-    """bf16 rounding moves this random tiny model's logprobs by ~0.15 on average (measured on the portable model
-    too), so the check is relative: SGLang's K3 in bf16 within 2x of the portable model's bf16 error."""
+def test_default_bf16_dtype_stays_near_the_reference(tiny_dir, reference, tmp_path):
+    """Mean |teacher-forced logprob - float64 reference| of a default-dtype (bf16) server."""
     from tests.e2e.reference_checks import reference_prompts
 
     ids = reference_prompts()[2]
-    portable = _bf16_logprob_error("portable", tiny_dir, reference, ids, tmp_path / "portable.log")
-    theirs = _bf16_logprob_error("sglang", tiny_dir, reference, ids, tmp_path / "sglang.log")
-    assert theirs <= 2 * portable + 0.02, f"bf16 mean logprob error: SGLang's K3 {theirs:.3f}, portable {portable:.3f}"
+    with K3ServerProcess(["--model-path", str(tiny_dir), "--chunked-prefill-size", "64", "--max-total-tokens", "4096"],
+                         tmp_path / "bf16.log") as server:
+        meta = generate(server.url, ids, 1, return_logprob=True, logprob_start_len=0)["meta_info"]
+    got = torch.tensor([lp for lp, _t, *_ in meta["input_token_logprobs"][1:]], dtype=torch.float64)
+    assert torch.isfinite(got).all()
+    logp = torch.log_softmax(reference.logits(ids), dim=-1)
+    want = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    error = (got - want).abs().mean().item()
+    assert error <= BF16_MEAN_LOGPROB_BOUND, f"bf16 mean logprob error of SGLang's K3: {error:.3f}"

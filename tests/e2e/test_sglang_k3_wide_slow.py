@@ -1,5 +1,5 @@
-"""SGLang's own K3 (K3_MODEL_IMPL=sglang) on CPU at the widths the portable model serves (slow: `make test-slow`;
-more than 4 ranks or PP4: hold the wide lock, `flock /work/wt/wide.lock` on the shared dev host).
+"""SGLang's own K3 on CPU at the widths the portable model served (slow: `make test-slow`;
+about 19 min on 2 cores; one server at a time).
 
 Each width runs on gloo ranks against SGLang's K3 at TP1 on the same checkpoint, same chunks (64 tokens), same
 per-rank pool: a 700-token prompt (11 chunks) whose greedy output must be token-identical to TP1's and whose
@@ -35,7 +35,7 @@ BATCH = [prompt(n, 70 + n) for n in (5, 45, 130, 300)]
 
 def _serve(ckpt, log, extra: list[str], env: dict[str, str] | None = None) -> K3ServerProcess:
     return K3ServerProcess(["--model-path", str(ckpt), *FLAGS, *extra], log,
-                           env={"K3_MAX_N": "16", "K3_MODEL_IMPL": "sglang", **(env or {})}).start(timeout_s=STARTUP_S)
+                           env={"K3_MAX_N": "16", **(env or {})}).start(timeout_s=STARTUP_S)
 
 
 def _answers(server) -> dict:

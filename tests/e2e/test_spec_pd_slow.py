@@ -5,8 +5,8 @@ KV transfer gets its draft state from `K3SpecAlgo.build_disagg_draft_input` (the
 token: the drafter reads the request's own context, so nothing else crosses). Greedy output through router ->
 prefill -> decode must equal the aggregated no-spec server, with verify steps on the decode side. The second case
 runs the prefill server as a PP2 pipeline (K3_CSV's PP composition: PP prefill, speculation on the decode server).
-The third runs SGLang's own K3 (K3_MODEL_IMPL=sglang) on all three servers: its KV pages and KDA state cross over
-Mooncake as SGLang's hybrid disaggregation sends them, and its output must equal SGLang's K3 aggregated.
+The model is SGLang's own K3 on k3_cpu: its KV pages and KDA state cross over Mooncake as SGLang's hybrid
+disaggregation sends them.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from test_pd_serve import ADMIN_KEY, SAME_AS_AGGREGATED, _generate, _prompt, _st
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-SGLANG_K3 = {"K3_MODEL_IMPL": "sglang"}
 PROMPT_SIZES = (30, 250, 700)
 
 
@@ -32,18 +31,6 @@ def test_pd_decode_with_k3_csv_matches_aggregated(server, tiny_dir, tmp_path, pr
     prompts = [_prompt(n, 900 + n) for n in PROMPT_SIZES]
     _pd_with_k3_csv(tiny_dir, tmp_path, prefill_flags, prompts,
                     [_generate(server.url, p, 24).json()["output_ids"] for p in prompts])
-
-
-def test_pd_decode_with_k3_csv_on_sglangs_k3_matches_aggregated(tiny_dir, tmp_path):
-    prompts = [_prompt(n, 900 + n) for n in PROMPT_SIZES]
-    aggregated = K3ServerProcess(["--model-path", str(tiny_dir), *SAME_AS_AGGREGATED], tmp_path / "aggregated.log",
-                                 env=SGLANG_K3)
-    aggregated.start(timeout_s=float(os.environ.get("K3_TEST_STARTUP_S", "600")))
-    try:  # stopped before the PD pair starts: memory and cores are scarce here
-        want = [_generate(aggregated.url, p, 24).json()["output_ids"] for p in prompts]
-    finally:
-        aggregated.stop()
-    _pd_with_k3_csv(tiny_dir, tmp_path, [], prompts, want, env=SGLANG_K3)
 
 
 def _pd_with_k3_csv(tiny_dir, tmp_path, prefill_flags, prompts, want, env=None):

@@ -6,12 +6,11 @@ in `compact` mode (the planner, on a cost table where verification pays): its gr
 at concurrency 1 and 16 while it really speculates (verify steps with accepted drafts, read from its per-step
 K3_SPEC_RECORD). A second K3_CSV server runs the default prompt-lookup drafter in `static` mode (verify-all) on
 repetitive prompts. Sampled requests are verified by rejection sampling (min_p = 1 requests, a point mass, must
-match the greedy reference, alone and beside greedy requests, on both models); logprob requests are served by plain
-decode steps, never refused. A PP2 server (K3_CSV inside SGLang's pipeline: the first stage plans, the plan rides
-the proxy, earlier stages commit KDA through SGLang's relay) must match at concurrency 1 and 16 too. SGLang's own K3
-(K3_MODEL_IMPL=sglang on k3_cpu) runs the same K3_CSV worker on the same contract (TARGET_VERIFY into SGLang's
-per-draft scratch, SGLang's commit after acceptance) against its own no-spec server. The slow tier adds TP2/DCP2,
-wider pipelines and SGLang's K3 inside PP2.
+match the greedy reference, alone and beside greedy requests); logprob requests are served by plain decode steps,
+never refused. The model is SGLang's own K3 on k3_cpu: the K3_CSV worker verifies through SGLang's contract
+(TARGET_VERIFY into SGLang's per-draft scratch, our CPU KDA kernel in its dispatcher, SGLang's commit after
+acceptance). The slow tier adds TP2/DCP2 and pipelines (PP2: the first stage plans, the plan rides the proxy, earlier
+stages commit KDA through SGLang's relay; TP2 x PP2 and PP4 wait for SGLang's K3 to serve those widths on CPU).
 """
 from __future__ import annotations
 
@@ -245,13 +244,13 @@ def _pp_verify_lossless(tiny_dir, oracle, references, server, work, flags):
     assert len(got_lp) == NEW_TOKENS and max(abs(a - b) for a, b in zip(got_lp, want_lp)) < 1e-4
 
 
-@pytest.mark.slow  # issue 27: TP1 on each model in the default run, pipelines in the slow tier
+@pytest.mark.slow  # issue 27: TP1 in the default run, pipelines in the slow tier
 def test_pp2_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory):
     _pp_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory.mktemp("spec-pp2"),
                         ["--pp-size", "2"])
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # PP4 (and TP2 x PP2's 4 ranks) need SGLang's K3 at those widths on CPU (issue 37, width)
 @pytest.mark.parametrize("flags", [["--tp-size", "2", "--pp-size", "2"], ["--pp-size", "4"]], ids=["tp2-pp2", "pp4"])
 def test_wider_pipelines_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory, flags):
     """TP2 x PP2: stage 0's TP ranks take TP rank 0's plan, and the plan crosses the stage boundary split over the
@@ -259,37 +258,6 @@ def test_wider_pipelines_verify_lossless(tiny_dir, oracle, references, server, t
     received and pass it on; four microbatches are in flight."""
     _pp_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory.mktemp("spec-" + "-".join(flags)),
                         flags)
-
-
-SGLANG_K3 = {"K3_MODEL_IMPL": "sglang"}  # SGLang's own K3 (sglang.srt.models.kimi_k3) on the k3_cpu platform
-
-
-@pytest.fixture(scope="module")
-def sglang_references(tiny_dir, tmp_path_factory) -> list[list[int]]:
-    """SGLang's K3 without speculation (the server stops once its answers are recorded: memory is scarce here). Asked
-    concurrently: its greedy answers in a batch equal each alone (tests/e2e/test_sglang_k3_cpu.py checks that)."""
-    work = tmp_path_factory.mktemp("spec-sglang-ref")
-    proc = K3ServerProcess(["--model-path", str(tiny_dir), *SAME_AS_REFERENCE], work / "serve.log", env=SGLANG_K3)
-    proc.start(timeout_s=600)
-    try:
-        return _parallel(proc.url, PROMPTS)
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
-def sglang_oracle(sglang_references, tmp_path_factory):
-    path = tmp_path_factory.mktemp("spec-sglang-oracle") / "oracle.jsonl"
-    path.write_text("".join(json.dumps({"input_ids": p, "output_ids": o}) + "\n"
-                            for p, o in zip(PROMPTS, sglang_references)))
-    return path
-
-
-def _check_speculated(steps: list[dict], batched: bool) -> None:
-    verify = [s for s in steps if s["kind"] == "verify"]
-    assert verify and sum(s["accepted"] for s in verify) > len(verify), "no verify step accepted drafts"
-    if batched:
-        assert any(s["n_reqs"] > 1 for s in verify), "no verify step of several requests"
 
 
 def _check_plain_path_switches(url: str, record, references: list[list[int]]) -> None:
@@ -314,54 +282,8 @@ def _check_plain_path_switches(url: str, record, references: list[list[int]]) ->
     assert any(s["kind"] == "verify" for s in steps), "no verify step beside the plain-path steps"
 
 
-def test_sglang_k3_verify_lossless_at_concurrency_1_and_16(tiny_dir, sglang_oracle, sglang_references,
-                                                           tmp_path_factory):
-    """The K3_CSV worker on SGLang's K3: its KDA backend (our CPU kernel in SGLang's dispatcher) verifies into
-    SGLang's scratch, SGLang's hybrid backend commits; token-identical to SGLang's K3 without speculation, also
-    while plain steps switch to SGLang's non-speculative path and back."""
-    proc, record = _controlled_server(tiny_dir, sglang_oracle, tmp_path_factory.mktemp("spec-sglang"),
-                                      env_extra=SGLANG_K3)
-    try:
-        for prompt, ref in zip(PROMPTS[:4], sglang_references[:4]):
-            assert _generate(proc.url, prompt)["output_ids"] == ref
-        single = _records(record)
-        assert _parallel(proc.url, PROMPTS) == sglang_references
-        batched = _records(record)[len(single):]
-        _check_point_mass_sampling(proc.url, record, sglang_references)
-        _check_plain_path_switches(proc.url, record, sglang_references)
-    finally:
-        proc.stop()
-    _check_speculated(single, batched=False)
-    _check_speculated(batched, batched=True)
-
-
-def _sglang_k3_lossless_in(tiny_dir, oracle, references, work, flags) -> None:
-    """SGLang's K3 with K3_CSV under `flags`: concurrency 1 on three prompts, then 16, token-identical to SGLang's
-    K3 TP1 without speculation, with verify steps that accepted drafts (several requests in one at 16)."""
-    proc, record = _controlled_server(tiny_dir, oracle, work, flags, env_extra=SGLANG_K3)
-    try:
-        for prompt, ref in zip(PROMPTS[:3], references[:3]):
-            assert _generate(proc.url, prompt)["output_ids"] == ref
-        single = _records(record)
-        assert _parallel(proc.url, PROMPTS) == references
-        batched = _records(record)[len(single):]
-    finally:
-        proc.stop()
-    _check_speculated(single, batched=False)
-    _check_speculated(batched, batched=True)
-
-
-@pytest.mark.slow
-def test_sglang_k3_pp2_verify_lossless(tiny_dir, sglang_oracle, sglang_references, tmp_path_factory):
-    """SGLang's K3 inside PP2: stage 0 plans and verifies its layers, the last stage's worker accepts and commits,
-    stage 0 commits through SGLang's relay from the relayed chain accept index."""
-    _sglang_k3_lossless_in(tiny_dir, sglang_oracle, sglang_references, tmp_path_factory.mktemp("spec-sglang-pp2"),
-                           ["--pp-size", "2"])
-
-
-@pytest.mark.slow
-def test_sglang_k3_dcp2_verify_lossless(tiny_dir, sglang_oracle, sglang_references, tmp_path_factory):
-    """SGLang's K3 at TP2/DCP2 on k3_dcp_mla: the verify chains' latent rows are striped over the DCP ranks and
-    attended as a sharded extend with the exact LSE merge; token-identical to SGLang's K3 TP1 without speculation."""
-    _sglang_k3_lossless_in(tiny_dir, sglang_oracle, sglang_references, tmp_path_factory.mktemp("spec-sglang-dcp2"),
-                           ["--tp-size", "2", "--dcp-size", "2"])
+def test_plain_steps_take_sglangs_plain_path_and_back(controlled, references):
+    """K3_CSV's plain path (spec/plain_path.py) on the controlled server: plain and verify steps in one run, every
+    output the no-spec server's."""
+    proc, record = controlled
+    _check_plain_path_switches(proc.url, record, references)

@@ -1,9 +1,12 @@
-"""TP2 with DCP2 on real SGLang over gloo (two ranks on two cores) against the one-rank server of conftest.py
-(same chunks and the same per-rank pool, --max-total-tokens 8192): the MLA KV is striped by position across the two
-ranks, each rank attends its stripe and the partial attentions merge through their log-sum-exp. Slower sizes
+"""SGLang's K3 at TP2 with DCP2 on CPU, on the k3_dcp_mla backend (two gloo ranks on two cores), against the one-rank
+server of conftest.py (same chunks and the same per-rank pool, --max-total-tokens 8192) and the float64 reference:
+the MLA KV is striped by position across the two ranks; decode attends each rank's stripe and SGLang's forward_mla
+merges the partials (cp_lse_ag_out_rs_mla, its Triton kernels on our torch paths); prefill chunks attend SGLang's
+all-gathered prefix; the radix cache runs on the extra_buffer KDA prefix cache. Slower sizes
 (TP2 alone, TP4/DCP4, DCP8) are in test_tp_dcp_slow.py."""
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from k3_sglang.serving.process import K3ServerProcess
@@ -12,7 +15,10 @@ from tests.e2e.parallel_checks import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
-SAME_AS_TP1 = ["--dtype", "float32", "--chunked-prefill-size", "64", "--max-total-tokens", "8192"]
+# --mem-fraction-static: the pool is capped by --max-total-tokens, and a CPU host shared with other work must not fail
+# SGLang's weights-vs-free-memory check
+SAME_AS_TP1 = ["--dtype", "float32", "--chunked-prefill-size", "64", "--max-total-tokens", "8192",
+               "--mem-fraction-static", "0.98"]
 
 
 def start_server(tiny_dir, tmp_path_factory, name: str, extra: list[str]) -> K3ServerProcess:
@@ -24,6 +30,20 @@ def dcp2(tiny_dir, tmp_path_factory):
     proc = start_server(tiny_dir, tmp_path_factory, "serve-dcp2", ["--tp-size", "2", "--dcp-size", "2"])
     yield proc
     proc.stop()
+
+
+def test_dcp2_runs_on_k3_dcp_mla(dcp2):
+    info = httpx.get(dcp2.url + "/get_server_info", timeout=30).json()
+    assert info["dcp_size"] == 2 and info["decode_attention_backend"] == "k3_dcp_mla", {
+        k: info.get(k) for k in ("dcp_size", "attention_backend", "decode_attention_backend")}
+    assert info["mamba_radix_cache_strategy"] == "extra_buffer"
+
+
+@pytest.mark.parametrize("length", [45, 2 * 64 + 37])
+def test_dcp2_greedy_matches_the_float64_reference(dcp2, reference, length):
+    # 165 tokens: three 64-token chunks, each later one attending the gathered prefix of the earlier ones
+    ids = prompt(length, 1234 + length)
+    assert generate(dcp2, ids, 12)["output_ids"] == reference.greedy(ids, 12)
 
 
 def test_dcp2_long_prompt_matches_tp1(server, dcp2, reference):

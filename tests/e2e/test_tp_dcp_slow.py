@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 STARTUP_S = float(os.environ.get("K3_TEST_STARTUP_S", "400"))
 
 
+# WIDTH: TP4/DCP4 and DCP8 need SGLang's K3 at those sizes on CPU (issue 37, width: serving/sglang_cpu_limits.py)
 @pytest.mark.parametrize("name,extra,factor", [
     ("tp2", ["--tp-size", "2"], 1),
     ("tp4-dcp4", ["--tp-size", "4", "--dcp-size", "4", "--dcp-comm-backend", "a2a"], 4),

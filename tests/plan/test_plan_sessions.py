@@ -52,7 +52,7 @@ def test_default_state_pool_keeps_every_chunk_state_of_eight_paused_6k_sessions(
     # extra_buffer keeps one tracked state per --mamba-track-interval (256), not per 512-token chunk
     (["--tp-size", "2", "--dcp-size", "2"], 4 * 48 + 5 * 128),
     (["--tp-size", "2", "--dcp-size", "2", "--mamba-track-interval", "1024"], 4 * 48 + 3 * 128),
-    (["--mamba-radix-cache-strategy", "auto"], None),  # refused later by the portable limits, with the reason
+    (["--mamba-radix-cache-strategy", "auto"], None),  # refused later by the CPU limits, with the reason
     (["--mamba-max-states-per-path", "0"], None),
 ])
 def test_cpu_state_slots_follow_the_command_line(tmp_path, extra, expected):

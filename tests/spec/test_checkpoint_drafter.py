@@ -145,9 +145,7 @@ def launched(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("impl", ["portable", "sglang"])
-def test_k3_serve_exits_2_for_a_draft_that_does_not_fit(tmp_path, k3_dir, monkeypatch, launched, capsys, impl):
-    monkeypatch.setenv("K3_MODEL_IMPL", impl)
+def test_k3_serve_exits_2_for_a_draft_that_does_not_fit(tmp_path, k3_dir, monkeypatch, launched, capsys):
     monkeypatch.setenv("K3_SPEC_DRAFTER", "checkpoint")
     argv = ["serve", "--model-path", str(k3_dir), "--speculative-algorithm", "K3_CSV"]
     assert main(argv) == 2 and "K3_SPEC_DRAFT_PATH" in capsys.readouterr().err  # no path given

@@ -39,13 +39,12 @@ def _args(path, **kw):
 
 def test_a_non_k3_model_is_refused_with_its_architecture(tmp_path):
     llama = _checkpoint(tmp_path, "llama", LLAMA)
-    for portable in (True, False):
-        [reason] = contract_refusals(_args(llama), portable)
-        assert "K3_CSV" in reason and "LlamaForCausalLM" in reason and "KimiK3ForConditionalGeneration" in reason
-    assert contract_refusals(_args(_k3(tmp_path)), portable=True) == []
-    assert contract_refusals(_args(_k3(tmp_path, "k3-linear", ["KimiK3LinearForCausalLM"])), portable=False) == []
-    assert contract_refusals(_args("moonshotai/Some-Hub-Id"), portable=True) == []  # the worker checks it
-    [reason] = contract_refusals(_args(_checkpoint(tmp_path, "bare", {"model_type": "x"})), portable=True)
+    [reason] = contract_refusals(_args(llama))
+    assert "K3_CSV" in reason and "LlamaForCausalLM" in reason and "KimiK3ForConditionalGeneration" in reason
+    assert contract_refusals(_args(_k3(tmp_path))) == []
+    assert contract_refusals(_args(_k3(tmp_path, "k3-linear", ["KimiK3LinearForCausalLM"]))) == []
+    assert contract_refusals(_args("moonshotai/Some-Hub-Id")) == []  # the worker checks it
+    [reason] = contract_refusals(_args(_checkpoint(tmp_path, "bare", {"model_type": "x"})))
     assert "architectures: none" in reason
 
 
@@ -53,11 +52,10 @@ def test_sglang_k3_needs_a_backend_that_reads_the_ragged_verify_layout(tmp_path)
     k3 = _k3(tmp_path)
     for field, flag in (("attention_backend", "--attention-backend"),
                         ("decode_attention_backend", "--decode-attention-backend")):
-        [reason] = contract_refusals(_args(k3, **{field: "triton"}), portable=False)
+        [reason] = contract_refusals(_args(k3, **{field: "triton"}))
         assert f"{flag} triton" in reason and "ragged verify layout" in reason
-        assert contract_refusals(_args(k3, **{field: "triton"}), portable=True) == []  # its own MLA layers
     for backend in ("k3_cpu_mla", "flashinfer", "trtllm_mla", "fa3", None):
-        assert contract_refusals(_args(k3, attention_backend=backend), portable=False) == []
+        assert contract_refusals(_args(k3, attention_backend=backend)) == []
 
 
 def test_sglangs_launcher_refuses_before_any_worker(tmp_path, monkeypatch):
@@ -67,8 +65,6 @@ def test_sglangs_launcher_refuses_before_any_worker(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="--attention-backend flashmla"):
         validate_server_args(_args(_k3(tmp_path), attention_backend="flashmla"))
     assert validate_server_args(_args(tmp_path / "k3")) is None
-    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.models")  # the portable model: any backend
-    assert validate_server_args(_args(tmp_path / "k3", attention_backend="flashmla")) is None
 
 
 def test_the_worker_refuses_a_model_the_start_could_not_read():
@@ -88,10 +84,8 @@ def launched(monkeypatch, tmp_path):
     return calls
 
 
-@pytest.mark.parametrize("impl", ["portable", "sglang"])
-def test_k3_serve_exits_2_naming_the_model_on_cpu(tmp_path, monkeypatch, launched, capsys, impl):
+def test_k3_serve_exits_2_naming_the_model_on_cpu(tmp_path, monkeypatch, launched, capsys):
     monkeypatch.setattr("k3_sglang.platform.cuda_available", lambda: False)
-    monkeypatch.setenv("K3_MODEL_IMPL", impl)
     stand_in = _k3(tmp_path, architectures=["DeepseekV3ForCausalLM"])
     assert main(["serve", "--model-path", str(stand_in), "--speculative-algorithm", "K3_CSV"]) == 2
     err = capsys.readouterr().err

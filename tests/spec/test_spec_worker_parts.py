@@ -138,20 +138,18 @@ def test_settings_errors(monkeypatch, tmp_path):
 
 
 def test_start_refusals(monkeypatch):
-    from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals
+    from k3_sglang.deployment import parse_sglang_argv
+    from k3_sglang.serving.sglang_cpu_limits import refusals
 
     base = ["--model-path", "/nonexistent", "--speculative-algorithm", "K3_CSV", "--disable-cuda-graph"]
-    assert not [r for r in portable_refusals(parse_sglang_argv(base)) if "speculative" in r or "K3_" in r]
-    assert not [r for r in portable_refusals(parse_sglang_argv(base + ["--pp-size", "2"])) if "K3_CSV" in r]
-    reasons = portable_refusals(parse_sglang_argv(base + ["--pp-size", "2", "--disaggregation-mode", "decode"]))
+    assert not [r for r in refusals(parse_sglang_argv(base)) if "speculative" in r or "K3_" in r]
+    assert not [r for r in refusals(parse_sglang_argv(base + ["--pp-size", "2"])) if "K3_CSV" in r]
+    reasons = refusals(parse_sglang_argv(base + ["--pp-size", "2", "--disaggregation-mode", "decode"]))
     assert any("K3_CSV with --pp-size 2 and --disaggregation-mode decode" in r for r in reasons)
-    monkeypatch.setenv("K3_MLA_EXTEND", "torch_native")
-    assert any("torch_native" in r for r in portable_refusals(parse_sglang_argv(base)))
-    monkeypatch.delenv("K3_MLA_EXTEND")
     monkeypatch.setenv("K3_SPEC_DRAFTER", "psychic")
-    assert any("K3_SPEC_DRAFTER must be one of" in r for r in portable_refusals(parse_sglang_argv(base)))
-    eagle = portable_refusals(parse_sglang_argv(["--model-path", "/x", "--speculative-algorithm", "EAGLE"]))
-    assert any("EAGLE: not supported" in r for r in eagle)
+    assert any("K3_SPEC_DRAFTER must be one of" in r for r in refusals(parse_sglang_argv(base)))
+    eagle = refusals(parse_sglang_argv(["--model-path", "/x", "--speculative-algorithm", "EAGLE"]))
+    assert any("--speculative-algorithm EAGLE: SGLang's own speculative workers" in r for r in eagle)
 
 
 def test_plugin_entry_point_and_hook_target():

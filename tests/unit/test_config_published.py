@@ -106,18 +106,19 @@ def _quant_variant(top_format, group_format, **extra):
 def test_format_read_per_group_as_sglang_does(top, group):
     hf = _quant_variant(top, group)
     quant = parse_hf_config(hf).quant
-    assert quant.experts_mxfp4 and quant.group_size == 32 and quant.portable_problem() is None
+    assert quant.experts_mxfp4 and quant.group_size == 32 and quant.cpu_problem() is None
     scheme = CompressedTensorsConfig.from_config(hf["text_config"]["quantization_config"]).target_scheme_map["Linear"]
     assert scheme["format"] == group  # SGLang keeps the group's own format (None: the top-level one applies)
 
 
-def test_other_quantizations_parse_and_the_portable_model_refuses_them(tmp_path):
-    from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals
+def test_other_quantizations_parse_and_are_refused_on_cpu(tmp_path):
+    from k3_sglang.deployment import parse_sglang_argv
+    from k3_sglang.serving.sglang_cpu_limits import refusals
 
     for hf, named in ((_quant_variant("mixed-precision", "nvfp4-pack-quantized"), "nvfp4-pack-quantized"),
                       (_quant_variant("float-quantized", None, quant_method="fp8"), "fp8")):
         cfg = parse_hf_config(hf)
-        assert cfg.quant.method == "other" and named in cfg.quant.scheme and named in cfg.quant.portable_problem()
+        assert cfg.quant.method == "other" and named in cfg.quant.scheme and named in cfg.quant.cpu_problem()
         (tmp_path / "config.json").write_text(json.dumps(hf))
-        reasons = portable_refusals(parse_sglang_argv(["--model-path", str(tmp_path), "--disable-cuda-graph"]))
-        assert any("the portable model loads unquantised checkpoints or MXFP4" in r for r in reasons)
+        reasons = refusals(parse_sglang_argv(["--model-path", str(tmp_path), "--disable-cuda-graph"]))
+        assert any("SGLang's K3 on CPU loads unquantised checkpoints or MXFP4" in r for r in reasons)

@@ -34,8 +34,7 @@ def test_sglang_k3_on_cpu_lists_every_dcp_hook():
     listed = {t for t, _, _ in sglang_cpu_hooks.installed_hooks()}
     assert {t for t, _, _ in ALL_DCP_HOOKS} <= listed
     assert {platform_hooks.ALLOC_PAGE_TARGET, platform_hooks.PARALLEL_INIT_TARGET} <= listed
-    portable = {t for t, _, _ in platform_hooks.installed_hooks(portable=True)}
-    assert {t for t, _, _ in cpu_kernels.COLLECTIVE_HOOKS + cpu_kernels.MERGE_HOOKS} <= portable
+    assert {t for t, _, _ in cpu_kernels.COLLECTIVE_HOOKS + cpu_kernels.MERGE_HOOKS} <= listed
 
 
 def test_the_seams_are_still_where_the_backend_expects_them():
@@ -158,11 +157,9 @@ def test_plugins_are_inert_where_they_must_be(monkeypatch):
     plugin.register()
     assert registered == []  # plain `sglang serve` on a GPU host: not started by `k3 serve`, untouched
     monkeypatch.setenv("K3_SERVE_HOOKS", "1")
-    for platform, package in (("k3_cpu", ""), ("k3_cpu", "k3_sglang.models"), ("", "k3_sglang.models")):
-        monkeypatch.setenv("SGLANG_PLATFORM", platform)
-        monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", package)
-        plugin.register()
-    assert registered == []  # k3_cpu: the SGLang-K3-on-CPU plugin installs it; the portable model never
+    monkeypatch.setenv("SGLANG_PLATFORM", "k3_cpu")
+    plugin.register()
+    assert registered == []  # k3_cpu: the SGLang-K3-on-CPU plugin installs it
     monkeypatch.setenv("SGLANG_PLATFORM", "")
     monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "")
     plugin.register()
@@ -172,15 +169,13 @@ def test_plugins_are_inert_where_they_must_be(monkeypatch):
 def test_k3_serve_composes_sglangs_k3_under_dcp_on_cpu():
     from k3_sglang.serving import sglang_cpu_limits
     from k3_sglang.serving.cli import sglang_argv
-    from k3_sglang.serving.portable_limits import parse_sglang_argv
+    from k3_sglang.deployment import parse_sglang_argv
 
-    argv = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2", "--dcp-size", "2"], on_cpu=True,
-                       portable=False)
+    argv = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2", "--dcp-size", "2"], on_cpu=True)
     args = parse_sglang_argv(argv)
     assert args.attention_backend == BACKEND_NAME and args.mamba_radix_cache_strategy == "extra_buffer"
     assert sglang_cpu_limits.refusals(args) == []
-    plain = parse_sglang_argv(sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2"], on_cpu=True,
-                                          portable=False))
+    plain = parse_sglang_argv(sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2"], on_cpu=True))
     assert plain.attention_backend == "k3_cpu_mla" and plain.mamba_radix_cache_strategy == "no_buffer"
 
 
@@ -189,19 +184,19 @@ def test_k3_csv_under_dcp_keeps_no_buffer_and_drops_the_radix_cache_on_sglangs_k
     k3_dcp_mla with no_buffer and no radix cache, which both the CPU limits and the verify contract accept."""
     from k3_sglang.serving import sglang_cpu_limits
     from k3_sglang.serving.cli import sglang_argv
-    from k3_sglang.serving.portable_limits import parse_sglang_argv
+    from k3_sglang.deployment import parse_sglang_argv
     from k3_sglang.spec.contract import contract_refusals
 
     argv = sglang_argv(Path("/m"), "127.0.0.1", 1, ["--tp-size", "2", "--dcp-size", "2", "--speculative-algorithm",
-                                                    "K3_CSV"], on_cpu=True, portable=False)
+                                                    "K3_CSV"], on_cpu=True)
     args = parse_sglang_argv(argv)
     assert args.attention_backend == BACKEND_NAME and args.mamba_radix_cache_strategy == "no_buffer"
     assert args.disable_radix_cache
-    assert sglang_cpu_limits.refusals(args) == [] and contract_refusals(args, portable=False) == []
+    assert sglang_cpu_limits.refusals(args) == [] and contract_refusals(args) == []
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--tp-size", "4", "--dcp-size", "4"], "--dcp-size 4: decode context parallelism"),
+    (["--tp-size", "16", "--dcp-size", "16"], "--dcp-size 16: decode context parallelism"),
     (["--tp-size", "2", "--dcp-size", "2", "--mamba-radix-cache-strategy", "no_buffer"],
      "no_buffer under --dcp-size > 1"),
     (["--tp-size", "2", "--dcp-size", "2", "--dcp-comm-backend", "fi_a2a"], "--dcp-comm-backend fi_a2a"),
@@ -209,7 +204,7 @@ def test_k3_csv_under_dcp_keeps_no_buffer_and_drops_the_radix_cache_on_sglangs_k
 def test_cpu_limits_refuse_what_dcp_cannot_serve(extra, message):
     from k3_sglang.serving import sglang_cpu_limits
     from k3_sglang.serving.cli import sglang_argv
-    from k3_sglang.serving.portable_limits import parse_sglang_argv
+    from k3_sglang.deployment import parse_sglang_argv
 
-    args = parse_sglang_argv(sglang_argv(Path("/m"), "127.0.0.1", 1, extra, on_cpu=True, portable=False))
+    args = parse_sglang_argv(sglang_argv(Path("/m"), "127.0.0.1", 1, extra, on_cpu=True))
     assert any(message in r for r in sglang_cpu_limits.refusals(args)), sglang_cpu_limits.refusals(args)

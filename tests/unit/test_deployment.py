@@ -52,7 +52,7 @@ def test_our_defaults_yield_to_a_config_file(config, tmp_path):
     file sets gets none of ours: the server runs the file's value."""
     small = tmp_path / "small.yaml"
     small.write_text("chunked-prefill-size: 1024\nmax-total-tokens: 65536\nsleep-on-idle: true\n")
-    user = Deployment.from_argv(["--config", str(small)], "sglang", "k3_cpu", "/m")
+    user = Deployment.from_argv(["--config", str(small)], "k3_cpu", "/m")
     ours, served = compose(tmp_path, "127.0.0.1", 1, user)
     assert "--chunked-prefill-size" not in ours and "--max-total-tokens" not in ours and "--sleep-on-idle" not in ours
     assert "--attention-backend" in ours  # what the file leaves unset still gets our default
@@ -69,15 +69,15 @@ def test_our_defaults_yield_to_a_config_file(config, tmp_path):
 def test_a_config_file_is_refused_as_the_same_flags(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(os, "execvpe", lambda *a: pytest.fail("no server may start"))
     monkeypatch.setattr("k3_sglang.platform.cuda_available", lambda: False)
-    monkeypatch.setenv("K3_MODEL_IMPL", "sglang")
+    monkeypatch.delenv("K3_MODEL_IMPL", raising=False)
     monkeypatch.delenv("SGLANG_PLATFORM", raising=False)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("tp-size: 4\nspeculative-algorithm: EAGLE\n")
+    bad.write_text("tp-size: 16\nspeculative-algorithm: EAGLE\n")
     assert main(["serve", "--config", str(bad)]) == 2
     from_file = capsys.readouterr().err
-    assert main(["serve", "--tp-size", "4", "--speculative-algorithm", "EAGLE"]) == 2
+    assert main(["serve", "--tp-size", "16", "--speculative-algorithm", "EAGLE"]) == 2
     from_flags = capsys.readouterr().err
-    assert "--tp-size 4: tensor parallelism" in from_file and "--speculative-algorithm EAGLE" in from_file
+    assert "--tp-size 16: tensor parallelism" in from_file and "--speculative-algorithm EAGLE" in from_file
     assert from_file == from_flags
     assert main(["serve", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "--config" in capsys.readouterr().err
@@ -86,40 +86,39 @@ def test_a_config_file_is_refused_as_the_same_flags(monkeypatch, tmp_path, capsy
 def test_the_server_environment_follows_a_config_file(config):
     """K3_CSV under PP needs SGLang's pipeline speculation relay: set from the file as from the flags (the raw
     command-line scans this replaces saw neither the file's --speculative-algorithm nor its --pp-size)."""
-    env = serving_env(Deployment.from_argv(["--config", str(config)], "sglang", "k3_cpu"))
+    env = serving_env(Deployment.from_argv(["--config", str(config)], "k3_cpu"))
     assert env["SGLANG_ENABLE_PP_SPEC"] == "1" and env["SGLANG_MAMBA_CONV_DTYPE"] == "float32"
     assert len(env["SGLANG_CPU_OMP_THREADS_BIND"].split("|")) == 4  # TP2 x PP2 ranks
 
 
 def test_the_decision_reaches_the_server_processes(monkeypatch):
-    d = Deployment.from_argv(["--tp-size", "2", "--dcp-size", "2"], "sglang", "k3_cpu")
+    d = Deployment.from_argv(["--tp-size", "2", "--dcp-size", "2"], "k3_cpu")
     env = serving_env(d)
     carried = Deployment.from_json(env[ENV_VAR])
     assert carried == d and carried.args is None
-    assert json.loads(env[ENV_VAR])["model"] == "sglang"
+    assert json.loads(env[ENV_VAR])["platform"] == "k3_cpu" and "model" not in json.loads(env[ENV_VAR])
+    assert Deployment.from_json('{"model": "sglang", "tp": 2}').tp == 2  # written before the portable model retired
     with pytest.raises(ValueError, match=ENV_VAR):
-        Deployment.from_json('{"model": "sglang", "tp": 2, "nonsense": 1}')
+        Deployment.from_json('{"tp": 2, "nonsense": 1}')
 
 
-@pytest.mark.parametrize("model,platform,active", [
-    ("sglang", "k3_cpu", {"sglang_cpu": True, "portable_dcp": False, "dcp_mla_gpu": False, "on_k3_cpu": True}),
-    ("portable", "k3_cpu", {"sglang_cpu": False, "portable_dcp": True, "dcp_mla_gpu": False, "on_k3_cpu": True}),
-    ("sglang", "cuda", {"sglang_cpu": False, "portable_dcp": False, "dcp_mla_gpu": True, "on_k3_cpu": False}),
-    ("portable", "cuda", {"sglang_cpu": False, "portable_dcp": False, "dcp_mla_gpu": False, "on_k3_cpu": False}),
+@pytest.mark.parametrize("platform,active", [
+    ("k3_cpu", {"sglang_cpu": True, "dcp_mla_gpu": False, "on_k3_cpu": True}),
+    ("cuda", {"sglang_cpu": False, "dcp_mla_gpu": True, "on_k3_cpu": False}),
 ])
-def test_plugins_decide_from_the_deployment(monkeypatch, model, platform, active):
+def test_plugins_decide_from_the_deployment(monkeypatch, platform, active):
     """Each plugin's "does this apply" reads K3_DEPLOYMENT, whatever else the environment inherited."""
     from k3_sglang import platform_hooks
     from k3_sglang.dcp_mla import plugin as dcp_plugin
     from k3_sglang.sglang_cpu import hooks as sglang_cpu_hooks
     from k3_sglang.spec.contract import contract_refusals
 
-    monkeypatch.setenv(ENV_VAR, Deployment(model=model, platform=platform).to_json())
-    stale = "" if model == "portable" else "k3_sglang.models"  # an inherited export that says the opposite
-    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", stale)
-    assert current().model == model and current().platform == platform
-    got = {"sglang_cpu": sglang_cpu_hooks.active(), "portable_dcp": platform_hooks.active(),
-           "dcp_mla_gpu": dcp_plugin.active(), "on_k3_cpu": platform_hooks.on_k3_cpu()}
+    monkeypatch.setenv(ENV_VAR, Deployment(platform=platform).to_json())
+    stale = "cuda" if platform == "k3_cpu" else "k3_cpu"  # an inherited export that says the opposite
+    monkeypatch.setenv("SGLANG_PLATFORM", stale)
+    assert current().platform == platform
+    got = {"sglang_cpu": sglang_cpu_hooks.active(), "dcp_mla_gpu": dcp_plugin.active(),
+           "on_k3_cpu": platform_hooks.on_k3_cpu()}
     assert got == active
 
     class Args:
@@ -127,29 +126,29 @@ def test_plugins_decide_from_the_deployment(monkeypatch, model, platform, active
         attention_backend = "triton"
         decode_attention_backend = None
 
-    backend_refused = any("--attention-backend triton" in r for r in contract_refusals(Args()))
-    assert backend_refused == (model == "sglang")  # the portable model runs any backend
+    assert any("--attention-backend triton" in r for r in contract_refusals(Args()))  # on every platform
 
 
 def test_no_deployment_where_k3_is_not_in_play():
     assert current({}) is None
     assert current({"SGLANG_PLATFORM": "k3_cpu"}).sglang_cpu  # a k3_cpu server started by hand
-    assert current({"SGLANG_EXTERNAL_MODEL_PACKAGE": "k3_sglang.models"}).portable
+    assert current({"SGLANG_EXTERNAL_MODEL_PACKAGE": "k3_sglang.models"}) is None  # the retired portable package
+    assert current({"K3_SERVE_HOOKS": "1"}).platform == "cuda"
 
 
 def test_the_launcher_checks_the_deployment_it_was_handed(monkeypatch, tmp_path, capsys):
-    """serving/launch.py picks the limits table from K3_DEPLOYMENT (here the portable model on CUDA, no
-    SGLANG_EXTERNAL_MODEL_PACKAGE exported), and re-checks SGLang's prepared ServerArgs, a --config file included."""
+    """serving/launch.py picks the limits table from K3_DEPLOYMENT (here the k3_cpu platform, no SGLANG_PLATFORM
+    exported), and re-checks SGLang's prepared ServerArgs, a --config file included."""
     from k3_sglang.serving import launch
 
-    monkeypatch.setenv(ENV_VAR, Deployment(model="portable", platform="cuda").to_json())
+    monkeypatch.setenv(ENV_VAR, Deployment(platform="k3_cpu").to_json())
     monkeypatch.delenv("SGLANG_PLATFORM", raising=False)
     monkeypatch.delenv("SGLANG_EXTERNAL_MODEL_PACKAGE", raising=False)
     monkeypatch.setattr("sglang.srt.plugins.load_plugins", lambda: None)
     config = tmp_path / "server.yaml"
-    config.write_text("pp-size: 8\ncuda-graph-backend-decode: disabled\ncuda-graph-backend-prefill: disabled\n")
+    config.write_text("pp-size: 16\ncuda-graph-backend-decode: disabled\ncuda-graph-backend-prefill: disabled\n")
     with pytest.raises(SystemExit) as exit_info:
         launch.main(["--model-path", str(tmp_path), "--config", str(config)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "the portable K3 model (k3_sglang.models) cannot serve" in err and "--pp-size 8" in err
+    assert "SGLang's K3 cannot serve this configuration on the k3_cpu platform" in err and "--pp-size 16" in err

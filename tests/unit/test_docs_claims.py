@@ -1,5 +1,5 @@
-"""Docs that say what the code does: the kernel dispatch table (kernels.md) matches the ops the runtime calls; the
-portable model's limits in architecture.md match portable_limits.py; every K3_* variable the docs name is read by a
+"""Docs that say what the code does: the kernel dispatch table (kernels.md) matches the ops the runtime calls; no doc
+says SGLang's K3 refuses on CPU what its limits table serves; every K3_* variable the docs name is read by a
 settings model (or is one of a few named non-settings) and every settings variable is documented; `k3 bench serve`
 writes no figure it did not measure. Static, under 2 s."""
 from __future__ import annotations
@@ -10,21 +10,22 @@ import re
 from pathlib import Path
 
 from k3_sglang.hicache.settings import HiCacheSettings
-from k3_sglang.model.settings import WorkerSettings
 from k3_sglang.serving.kv_events_config import KvEventsSettings
-from k3_sglang.serving.portable_limits import SUPPORTED_PARALLEL_SIZES, SUPPORTED_SPECULATIVE_ALGORITHMS
+from k3_sglang.serving import sglang_cpu_limits
 from k3_sglang.serving.retention import RetentionSettings
 from k3_sglang.serving.settings import ServeSettings
 from k3_sglang.spec.settings import SpecSettings
 from k3_sglang.serving.step_timing import StepTimingSettings
 from k3_sglang.sglang_guard import GuardSettings
+from k3_sglang.worker_settings import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # K3_ names in the docs that are not settings: the algorithm, the GPU test switch, the rendered scripts' variables
-# and the switch `k3 serve` sets for its own SGLang plugins
+# and the switch `k3 serve` sets for its own SGLang plugins; the retired model switch `k3 serve` still answers; the
+# stage-trace folder `k3 bench pp-prefill` hands its servers
 NOT_SETTINGS = {"K3_CSV", "K3_KERNEL_TESTS_ON_GPU", "K3_SERVE_ARGS", "K3_ROUTER_ARGS", "K3_SPEC_", "K3_SERVE_HOOKS",
-                "K3_DEPLOYMENT"}
+                "K3_DEPLOYMENT", "K3_MODEL_IMPL", "K3_STAGE_TRACE"}
 
 
 def _dispatch_calls() -> set[str]:
@@ -49,16 +50,22 @@ def test_kernels_md_dispatch_table_matches_the_calls():
         (uncalled if row.split("|")[2].strip().startswith("nothing") else documented).update(ops)
     assert documented == _dispatch_calls()
     assert not uncalled & _dispatch_calls()
-    assert "kda_verify" in documented  # K3_CSV's verify and commit run through dispatch
+    assert "mla_dcp" in documented  # the k3_dcp_mla / k3_cpu_mla backends run through dispatch
 
 
-def test_architecture_md_states_the_portable_limits():
-    text = " ".join((REPO / "docs" / "architecture.md").read_text().split())
-    tp, ep, dcp, pp = (SUPPORTED_PARALLEL_SIZES[k].supported for k in ("tp_size", "ep_size", "dcp_size", "pp_size"))
-    assert tp == ep == dcp
-    assert f"serves TP/EP/DCP up to {tp} ranks, PP up to {pp} stages and our K3_CSV" in text
-    assert SUPPORTED_SPECULATIVE_ALGORITHMS == {"K3_CSV"}
-    assert "It is one rank" not in text and "parallel sizes above 1" not in text
+STALE_CPU_CLAIMS = ("SGLang's K3 refuses DCP", "K3_MODEL_IMPL=sglang k3 serve", "SUPPORTED_SPECULATIVE_ALGORITHMS is empty",
+                    "the portable model is the CPU default", "k3_sglang/model/")
+
+
+def test_no_doc_says_sglangs_k3_refuses_on_cpu_what_it_serves():
+    """The portable model has retired: no doc tells a user to pick a model, or that SGLang's K3 refuses on CPU what its
+    table serves (DCP, K3_CSV, PD, HiCache are served)."""
+    table = sglang_cpu_limits.limits()
+    assert table.parallel["dcp_size"].supported >= 2 and "K3_CSV" in table.allowed["speculative_algorithm"].values
+    assert "prefill" in table.allowed["disaggregation_mode"].values
+    for path in DOCS:
+        text = " ".join(path.read_text().split())
+        assert not [c for c in STALE_CPU_CLAIMS if c in text], path.name
 
 
 def _settings_variables() -> set[str]:

@@ -130,9 +130,9 @@ def test_inert_unless_sglang_runs_on_k3_cpu(monkeypatch):
 
     monkeypatch.setattr(hook_registry.HookRegistry, "register", classmethod(lambda cls, *a, **k: registered.append(a)))
     monkeypatch.delenv("K3_HICACHE_FAULT", raising=False)
-    for platform, package in (("", "k3_sglang.models"), ("cuda", "k3_sglang.models"), ("cuda", "")):
+    monkeypatch.delenv("SGLANG_EXTERNAL_MODEL_PACKAGE", raising=False)
+    for platform in ("", "cuda"):
         monkeypatch.setenv("SGLANG_PLATFORM", platform)
-        monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", package)
         hooks.register()
     assert registered == []
     monkeypatch.setenv("SGLANG_PLATFORM", "k3_cpu")
@@ -142,12 +142,10 @@ def test_inert_unless_sglang_runs_on_k3_cpu(monkeypatch):
     registered.clear()
     hooks.register()  # K3_HICACHE_EVICTION unset: SGLang's own LRU, no policy hooks
     assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
+    registered.clear()
     monkeypatch.setenv("K3_HICACHE_EVICTION", "sessions")
-    for package in ("", "k3_sglang.models"):  # SGLang's own K3, then the portable model
-        registered.clear()
-        monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", package)
-        hooks.register()
-        assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()] + policy
+    hooks.register()
+    assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()] + policy
     registered.clear()
     monkeypatch.setenv("K3_HICACHE_EVICTION", "lru")  # SGLang's own host-tier eviction: no policy hooks
     hooks.register()

@@ -156,23 +156,12 @@ def test_a_reasonless_or_boilerplate_row_fails(monkeypatch):
         test_every_private_replace_or_around_says_why_no_public_seam_serves()
 
 
-def test_portable_model_rows_are_marked_and_counted_apart():
-    from k3_sglang.hook_seams import RETIRES, owned_by_portable_model
-
-    hooks = hook_inventory.all_hooks()
-    portable = [h for h in hooks if h.portable_only]
-    assert portable and all("portable model" in h.when for h in portable)
-    assert not any(h.portable_only for h in hooks if "SGLang's own K3" in h.when or "either model" in h.when)
-    assert owned_by_portable_model("k3_sglang.model.kda") and owned_by_portable_model("k3_sglang.models.kimi_k3")
-    assert not owned_by_portable_model("k3_sglang.models, k3_sglang.model.kda")  # shared with a kept module
-    assert not owned_by_portable_model("k3_sglang.platform_hooks")
+def test_the_counts_line_states_the_hooked_targets_against_issue_38s_goal():
     c = hook_inventory.counts()
-    kept = {h.target for h in hooks if not h.portable_only}
-    assert c["hooked_targets_after_portable"] == len(kept) <= c["hooked_targets"]
+    assert c["hooked_targets"] == len({h.target for h in hook_inventory.all_hooks()})
     line = hook_inventory.counts_line()
-    assert (f"Hooked targets now: {c['hooked_targets']}; after the portable model retires: "
-            f"{c['hooked_targets_after_portable']} (goal: at most 40)") in line
-    assert hook_inventory.markdown().count(RETIRES) >= len(portable)
+    assert f"Hooked targets: {c['hooked_targets']} (issue 38's goal: at most 40)" in line
+    assert "portable" not in hook_inventory.markdown()  # the portable model and its rows have retired
 
 
 def _fake_args(**flags):

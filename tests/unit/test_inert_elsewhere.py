@@ -55,8 +55,7 @@ result = {"changed": [p for p in paths if before[p] != after[p]], "k3_hooks": le
           "env_changed": sorted(k for k in set(env_before) | set(os.environ) if env_before.get(k) != os.environ.get(k)),
           "k3_csv_registered": get_spec("K3_CSV") is not None}
 # control: the same comparison sees our hooks land once K3 is in play
-os.environ.update({"SGLANG_PLATFORM": "k3_cpu", "SGLANG_EXTERNAL_MODEL_PACKAGE": "k3_sglang.models",
-                   "K3_SERVE_HOOKS": "1"})
+os.environ.update({"SGLANG_PLATFORM": "k3_cpu", "K3_SERVE_HOOKS": "1"})
 import importlib
 from importlib.metadata import entry_points
 for ep in entry_points(group="sglang.srt.plugins"):

@@ -7,7 +7,7 @@ import datetime
 
 from k3_sglang.tooling.bench.pp_prefill import CONFIGS, Run, ServerNotes
 from k3_sglang.tooling.bench.pp_prefill_report import write_report
-from k3_sglang.parallel.pipeline_trace import PipelineTiming
+from k3_sglang.tooling.bench.pp_stages import PipelineTiming
 
 
 def _run(config: str, seconds: float, stages: int) -> Run:

@@ -10,31 +10,26 @@ import pytest
 
 from k3_sglang.cli import main
 from k3_sglang.config import preset
+from k3_sglang.deployment import parse_sglang_argv
 from k3_sglang.serving import cli as serve_cli
-from k3_sglang.serving.portable_limits import parse_sglang_argv, portable_refusals
+from k3_sglang.serving.sglang_cpu_limits import SUPPORTED_PARALLEL_SIZES, refusals
 
-BASE = ["--model-path", "x", "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-        "--mamba-radix-cache-strategy", "no_buffer"]
-
-
-@pytest.mark.parametrize("size", [2, 3, 4])
-def test_pp_sizes_the_model_has_are_served(size):
-    assert portable_refusals(parse_sglang_argv([*BASE, "--pp-size", str(size)])) == []
+BASE = ["--model-path", "x", "--attention-backend", "k3_cpu_mla", "--cuda-graph-backend-decode", "disabled",
+        "--cuda-graph-backend-prefill", "disabled", "--mamba-radix-cache-strategy", "no_buffer",
+        "--disable-overlap-schedule"]  # k3 serve's CPU defaults
+PP = SUPPORTED_PARALLEL_SIZES["pp_size"].supported
 
 
-def test_pp_beyond_the_table_and_dcp_x_pp_are_refused():
-    assert any(r.startswith("--pp-size 5: pipeline parallelism") for r in
-               portable_refusals(parse_sglang_argv([*BASE, "--pp-size", "5"])))
-    reasons = portable_refusals(parse_sglang_argv([*BASE, "--pp-size", "2", "--tp-size", "2", "--dcp-size", "2",
-                                                   "--disable-radix-cache"]))
-    assert reasons == ["--dcp-size 2 with --pp-size 2: decode context parallelism inside a pipeline stage is not "
-                       "tested with the portable model yet"]
+def test_pp_sizes_up_to_the_table_are_served_and_beyond_it_refused():
+    for size in range(2, PP + 1):
+        assert refusals(parse_sglang_argv([*BASE, "--pp-size", str(size)])) == [], size
+    assert any(r.startswith(f"--pp-size {PP + 1}: pipeline parallelism") for r in
+               refusals(parse_sglang_argv([*BASE, "--pp-size", str(PP + 1)])))
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 2), (2, 4), (4, 2)])
-def test_tp_x_pp_is_served(tp, pp):
-    """TP2 x PP2 equals TP2 (tests/e2e/test_pp_slow.py); the head-count layout checks still apply."""
-    assert portable_refusals(parse_sglang_argv([*BASE, "--tp-size", str(tp), "--pp-size", str(pp)])) == []
+def test_tp_x_pp_is_served():
+    """TP2 x PP2 (tests/e2e/test_pp_slow.py)."""
+    assert refusals(parse_sglang_argv([*BASE, "--tp-size", "2", "--pp-size", "2"])) == []
 
 
 @pytest.mark.parametrize("cores,ranks,threads", [({0, 1}, 2, "1"), ({0, 1}, 4, "1"), (set(range(8)), 2, "4"),

@@ -38,9 +38,10 @@ def test_launch_imports_no_bench_sim_or_mock_module():
 
 
 def test_server_and_router_processes_import_no_tooling():
-    """What SGLang's server processes load of ours (plugins, the model package, the K3_CSV worker) and the router."""
+    """What SGLang's server processes load of ours (plugins, the CPU kernels and backends, the K3_CSV worker) and the
+    router."""
     code = ("import k3_sglang.serving.launch, k3_sglang.spec.plugin, k3_sglang.platform_hooks, k3_sglang.platform, "
-            "k3_sglang.models.kimi_k3, k3_sglang.spec.worker, k3_sglang.spec.pp_hooks, k3_sglang.router.app, "
+            "k3_sglang.sglang_cpu.hooks, k3_sglang.sglang_cpu.mla_backend, k3_sglang.dcp_mla.backend, k3_sglang.spec.worker, k3_sglang.spec.pp_hooks, k3_sglang.router.app, "
             "k3_sglang.router.cli")
     ours = _ours(_imported_modules(code))
     assert "k3_sglang.spec.worker" in ours and "k3_sglang.router.proxy" in ours

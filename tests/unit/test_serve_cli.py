@@ -29,7 +29,7 @@ def test_user_flags_override_defaults(tmp_path):
     assert argv.count("--max-total-tokens") == 1 and argv[argv.index("--max-total-tokens") + 1] == "999"
     env = serving_env(["--tp-size", "2", "--pp-size", "2"], on_cpu=True)
     assert env["SGLANG_PLATFORM"] == "k3_cpu" and len(env["SGLANG_CPU_OMP_THREADS_BIND"].split("|")) == 4
-    assert env["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "k3_sglang.models"
+    assert env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") != "k3_sglang.models"  # the portable model has retired
     no_tok = sglang_argv(tmp_path, "127.0.0.1", 1, ["--skip-tokenizer-init"], on_cpu=True)
     assert "--tool-call-parser" not in no_tok
 
@@ -47,10 +47,10 @@ def test_bad_settings_and_port(monkeypatch, capsys):
     assert main(["serve", "--dry-run"]) == 2
     assert "K3_MAX_N" in capsys.readouterr().err
     monkeypatch.delenv("K3_MAX_N")
-    monkeypatch.setenv("K3_MLA_EXTEND", "fast")
+    monkeypatch.setenv("K3_SPEC_DRAFTER", "psychic")  # the workers' settings, checked before SGLang starts
     assert main(["serve", "--dry-run"]) == 2
-    assert "K3_MLA_EXTEND must be one of chunk, torch_native" in capsys.readouterr().err
-    monkeypatch.delenv("K3_MLA_EXTEND")
+    assert "K3_SPEC_DRAFTER must be one of" in capsys.readouterr().err
+    monkeypatch.delenv("K3_SPEC_DRAFTER")
     assert main(["serve", "--port", "70000", "--dry-run"]) == 2
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from k3_sglang.model.settings import WorkerSettings
+from k3_sglang.worker_settings import WorkerSettings
 from k3_sglang.serving.settings import ServeSettings
 from k3_sglang.spec.drafters.calibrate import BetaBucketCalibrator, CalibratorConfig
 from k3_sglang.spec.settings import SpecSettings
@@ -20,11 +20,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_each_process_kind_parses_its_variables():
     serve = ServeSettings.from_env({"K3_MAX_N": "4", "K3_CACHE_DIR": "k3-cache", "K3_MODEL_IMPL": "portable"})
-    assert (serve.max_n, serve.cache_dir, serve.model_impl) == (4, Path("k3-cache"), "portable")
-    worker = WorkerSettings.from_env({"K3_MLA_EXTEND": "torch_native", "K3_KV_READ_TRACE": "kv-trace.jsonl",
-                                      "K3_STAGE_TRACE": " ", "K3_SPEC_VERIFY_MODE": "static", "K3_SPEC_SEED": "7",
-                                      "K3_SPEC_FORCE_VERIFY_LEN": "3", "K3_MAX_N": "not mine"})
-    assert (worker.mla_extend, worker.kv_read_trace, worker.stage_trace) == ("torch_native", Path("kv-trace.jsonl"), None)
+    assert (serve.max_n, serve.cache_dir) == (4, Path("k3-cache"))  # K3_MODEL_IMPL retired: `k3 serve` checks it
+    worker = WorkerSettings.from_env({"K3_KV_READ_TRACE": "kv-trace.jsonl", "K3_SPEC_VERIFY_MODE": "static",
+                                      "K3_SPEC_SEED": "7", "K3_SPEC_FORCE_VERIFY_LEN": "3", "K3_MAX_N": "not mine"})
+    assert worker.kv_read_trace == Path("kv-trace.jsonl")
+    assert WorkerSettings.from_env({"K3_KV_READ_TRACE": " "}).kv_read_trace is None
     assert (worker.spec.verify_mode, worker.spec.seed, worker.spec.force_verify_len) == ("static", 7, 3)
     assert WorkerSettings.from_env({}) == WorkerSettings()  # unset and empty keep the defaults
 
@@ -32,8 +32,6 @@ def test_each_process_kind_parses_its_variables():
 @pytest.mark.parametrize("kind,env,message", [
     (ServeSettings, {"K3_MAX_N": "zero"}, "K3_MAX_N must be an integer, got 'zero'"),
     (ServeSettings, {"K3_MAX_N": "0"}, "K3_MAX_N must be >= 1, got 0"),
-    (ServeSettings, {"K3_MODEL_IMPL": "fast"}, "K3_MODEL_IMPL must be one of auto, portable, sglang, got 'fast'"),
-    (WorkerSettings, {"K3_MLA_EXTEND": "fast"}, "K3_MLA_EXTEND must be one of chunk, torch_native, got 'fast'"),
     (WorkerSettings, {"K3_SPEC_DRAFTER": "psychic"}, "K3_SPEC_DRAFTER must be one of lookup, controlled"),
     (WorkerSettings, {"K3_SPEC_LOOKUP_WINDOW": "-1"}, "K3_SPEC_LOOKUP_WINDOW must be >= 0, got -1"),
     (WorkerSettings, {"K3_SPEC_SEED": "1.5"}, "K3_SPEC_SEED must be an integer, got '1.5'"),

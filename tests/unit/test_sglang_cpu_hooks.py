@@ -72,11 +72,10 @@ def test_the_registries_the_plugin_uses_exist():
     assert callable(AttentionBackendRegistry.register)
 
 
-@pytest.mark.parametrize("platform,package,active", [
-    ("k3_cpu", "", True), ("k3_cpu", "k3_sglang.models", False), ("", "", False), ("cuda", "", False)])
-def test_active_only_for_sglangs_k3_on_k3_cpu(monkeypatch, platform, package, active):
+@pytest.mark.parametrize("platform,active", [("k3_cpu", True), ("", False), ("cuda", False)])
+def test_active_only_for_sglangs_k3_on_k3_cpu(monkeypatch, platform, active):
+    monkeypatch.delenv("K3_DEPLOYMENT", raising=False)
     monkeypatch.setenv("SGLANG_PLATFORM", platform)
-    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", package)
     assert hooks.active() is active
 
 
@@ -90,11 +89,10 @@ def test_register_installs_exactly_the_inventory(monkeypatch):
     monkeypatch.setattr(fast_ops, "flush_denormals", lambda: others.append("ftz"))  # not in the test process
     monkeypatch.setattr(mla_backend, "register", lambda: others.append("mla"))
     monkeypatch.setattr(moe_runner, "register", lambda: others.append("moe"))
-    monkeypatch.setenv("SGLANG_PLATFORM", "k3_cpu")
-    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "k3_sglang.models")
+    monkeypatch.setenv("SGLANG_PLATFORM", "cuda")
     hooks.register()
     assert registered == [] and others == []
-    monkeypatch.setenv("SGLANG_EXTERNAL_MODEL_PACKAGE", "")
+    monkeypatch.setenv("SGLANG_PLATFORM", "k3_cpu")
     hooks.register()
     assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
     assert others == ["ftz", "mla", "moe"]

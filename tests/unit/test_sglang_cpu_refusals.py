@@ -9,7 +9,7 @@ import pytest
 
 from k3_sglang.cli import main
 from k3_sglang.serving import sglang_cpu_limits
-from k3_sglang.serving.portable_limits import parse_sglang_argv
+from k3_sglang.deployment import parse_sglang_argv
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def cpu_sglang(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(os, "execvpe", lambda *a: calls.append(a))
     monkeypatch.setattr("k3_sglang.platform.cuda_available", lambda: False)
-    monkeypatch.setenv("K3_MODEL_IMPL", "sglang")
+    monkeypatch.delenv("K3_MODEL_IMPL", raising=False)
     monkeypatch.delenv("SGLANG_PLATFORM", raising=False)
     return calls
 
@@ -47,7 +47,7 @@ REFUSED = [
 def test_each_refusal_exits_2_naming_the_flag(cpu_sglang, capsys, flags, reason):
     assert main(["serve", *flags]) == 2
     err = capsys.readouterr().err
-    assert "SGLang's K3 (K3_MODEL_IMPL=sglang) cannot serve this configuration on the k3_cpu platform" in err
+    assert "SGLang's K3 cannot serve this configuration on the k3_cpu platform" in err
     assert reason in err
     assert not cpu_sglang, "no server may start"
 

@@ -172,5 +172,5 @@ def test_arm_c_without_a_cost_table_exits_2(tmp_path, monkeypatch, capsys):
     from k3_sglang.cli import main
 
     monkeypatch.chdir(tmp_path)  # docs/verify-cost-cpu.json is relative to the working directory
-    assert main(["bench", "plain-decode", "--model-impl", "portable", "--arms", "C", "--out", "-"]) == 2
+    assert main(["bench", "plain-decode", "--arms", "C", "--out", "-"]) == 2
     assert "run `k3 bench profile-verify` first" in capsys.readouterr().err

@@ -182,7 +182,7 @@ def test_profile_read_records_from_a_mark(tmp_path):
     (["bench", "verify", "--pp-size", "5", "--out", "-"], "--pp-size must be in 1..4"),
     (["bench", "verify", "--model-impl", "sglang", "--pp-size", "4", "--out", "-"], "--pp-size above 2 with"),
     (["bench", "verify", "--model-impl", "sglang", "--cost-table", "/nonexistent/c.json", "--out", "-"],
-     "run `k3 bench profile-verify --model-impl sglang`"),
+     "run `k3 bench profile-verify`"),
     (["bench", "profile-verify", "--lengths", "1", "16", "--out", "-"], "--lengths must be in 1..--width"),
     (["bench", "profile-verify", "--lengths", "2", "4", "--out", "-"], "--lengths needs 1"),
     (["bench", "profile-verify", "--batches", "4", "--out", "-"], "--batches must be at least two"),
@@ -225,8 +225,8 @@ def test_write_report_renders_tables_goals_identity_and_plot(tmp_path):
 
 
 def test_model_impl_picks_its_own_cost_table_and_report():
-    """SGLang's K3 has its own step costs: its bench reads docs/verify-cost-cpu-sglang.json and writes its own report,
-    and every server of the run is told which model serves."""
+    """SGLang's K3 (the one model) has its own step costs: its bench reads docs/verify-cost-cpu-sglang.json and writes
+    its own report, with or without --model-impl; the portable model's choice is gone."""
     import argparse
 
     from k3_sglang.tooling.bench import profile_verify, verify
@@ -241,5 +241,7 @@ def test_model_impl_picks_its_own_cost_table_and_report():
     assert args.cost_table == str(verify.COST_SGLANG) and args.out == str(verify.DOC_SGLANG)
     plain = parser.parse_args([])
     verify.check_args(plain)
-    assert plain.cost_table == str(verify.COST) and plain.out == str(verify.DOC)
-    assert profile_verify.model_env("sglang") == {"K3_MODEL_IMPL": "sglang"}
+    assert plain.cost_table == str(verify.COST_SGLANG) and plain.out == str(verify.DOC_SGLANG)
+    assert profile_verify.model_env("sglang") == {}  # no model variable: one model
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-impl", "portable"])

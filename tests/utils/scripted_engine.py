@@ -113,7 +113,6 @@ class ScriptedEngine:
 def build_app(model_path: str, outputs: dict[str, str], port: int):
     """SGLang's app with the serving layer on a ScriptedEngine and our guard (the `k3 serve` configuration)."""
     os.environ.setdefault("SGLANG_PLATFORM", "k3_cpu")
-    os.environ["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "k3_sglang.models"
     from pathlib import Path
 
     from sglang.srt.configs.model_config import ModelConfig

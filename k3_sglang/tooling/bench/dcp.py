@@ -1,15 +1,14 @@
 """`k3 bench dcp`: decode with the MLA KV striped over DCP ranks against the same ranks without DCP.
 
-For each K3 model (--model-impl: the portable model, SGLang's own K3 on the k3_dcp_mla backend in both arms, or
-both, one after the other), two servers of the tiny K3 (bf16, `k3 serve` defaults), both TP2 on the two cores so
+SGLang's own K3 on the k3_dcp_mla backend in both arms (the portable model's last figures stay in the report's
+history), two servers of the tiny K3 (bf16, `k3 serve` defaults), both TP2 on the two cores so
 that only DCP differs:
 `dcp1` (--tp-size 2: every rank holds every token's latent row) and `dcp2` (--tp-size 2 --dcp-size 2: token p on
 rank p mod 2). At each context length, in rounds alternating the servers, one fresh prompt is prefilled and
 --decode-tokens generated; reported per server (medians over rounds):
 - decode step time (streamed tokens after the first, wall clock);
 - KV rows read per rank per MLA decode call, counted from the rows each rank's attention kernel was handed
-  (K3_KV_READ_TRACE, k3_sglang/model/kv_read_trace.py; the portable model's MLA and the k3_dcp_mla backend write
-  it), and the bytes they hold;
+  (K3_KV_READ_TRACE, k3_sglang/dcp_mla/kv_read_trace.py; the k3_dcp_mla and k3_cpu_mla backends write it), and the bytes they hold;
 - logical KV capacity from each server's /get_server_info on the same per-rank pool (--max-total-tokens).
 Writes docs/bench-dcp.md.
 """
@@ -37,7 +36,7 @@ class DcpConfig:
 CONFIGS = (DcpConfig("dcp1", 1), DcpConfig("dcp2", 2))
 # model -> (server environment, extra flags): SGLang's K3 runs k3_dcp_mla in both arms (on CPU it would take
 # k3_cpu_mla without DCP), so the same kernel reads the KV and only the striping differs
-MODELS = {"portable": ({}, []), "sglang": ({"K3_MODEL_IMPL": "sglang"}, ["--attention-backend", "k3_dcp_mla"])}
+MODELS = {"sglang": ({}, ["--attention-backend", "k3_dcp_mla"])}  # the portable model retired
 
 
 @dataclass
@@ -54,14 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-tokens", type=int, default=32, help="tokens generated per request")
     parser.add_argument("--repeats", type=int, default=2, help="rounds (medians are reported)")
     parser.add_argument("--pool-tokens", type=int, default=131072, help="--max-total-tokens per rank (both servers)")
-    parser.add_argument("--model-impl", choices=("portable", "sglang", "both"), default="both",
-                        help="which K3 model serves (default: both, one after the other)")
+    parser.add_argument("--model-impl", choices=("sglang",), default="sglang",
+                        help="which K3 model serves: SGLang's own K3 (the portable model retired)")
     parser.add_argument("--out", default=str(DOC), help="report (default docs/bench-dcp.md; '-': none)")
 
 
 def _decode_rows(trace_dir: Path, tp: int, marks: list[int]) -> tuple[list[float], list[int]]:
     """Mean rows per decode call on each rank since line marks[r], and the new line counts."""
-    from k3_sglang.model.kv_read_trace import read_rows
+    from k3_sglang.dcp_mla.kv_read_trace import read_rows
 
     per_rank, new_marks = [], []
     for r in range(tp):
@@ -83,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from k3_sglang.tooling.bench.dcp_report import summarize, write_report
 
     started = datetime.datetime.now(datetime.timezone.utc)
-    models = list(MODELS) if args.model_impl == "both" else [args.model_impl]
+    models = [args.model_impl]
     summaries = {}
     for model in models:
         cells, capacity = _measure(args, model)
@@ -97,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace, model: str) -> tuple[dict, dict[str, int]]:
     """Start the two servers of `model`, decode in alternating rounds; (cells, logical KV tokens per server)."""
     from k3_sglang.tooling.bench.long_context import _one, _prompt
-    from k3_sglang.model.kv_read_trace import ENV
+    from k3_sglang.dcp_mla.kv_read_trace import ENV
     from k3_sglang.serving.process import K3ServerProcess
 
     env, extra = MODELS[model]

@@ -37,7 +37,7 @@ def summarize(cells, contexts: list[int], capacity: dict[str, int]) -> str:
 
 
 MODEL_TITLES = {"portable": "The portable model (k3_sglang/model)",
-                "sglang": "SGLang's own K3 (K3_MODEL_IMPL=sglang), k3_dcp_mla backend in both arms"}
+                "sglang": "SGLang's own K3, k3_dcp_mla backend in both arms"}
 
 
 def write_report(path: Path, started, args, summaries: dict[str, str]) -> None:

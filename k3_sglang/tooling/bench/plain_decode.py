@@ -80,8 +80,8 @@ def inside_windows(rows: list[dict], windows: list[tuple[float, float]]) -> list
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-impl", choices=("portable", "sglang", "both"), default="both",
-                        help="which K3 the arms serve (default both, one after the other)")
+    parser.add_argument("--model-impl", choices=("sglang",), default="sglang",
+                        help="which K3 the arms serve: SGLang's own K3 (the portable model retired)")
     parser.add_argument("--arms", nargs="+", choices=tuple(ARM_HELP), default=list(DEFAULT_ARMS),
                         help="default A D C (A is always included; S: D on the speculative path, for comparison)")
     parser.add_argument("--requests", type=int, default=12, help="rounds per arm and concurrency (default 12)")
@@ -110,12 +110,11 @@ def check_args(args: argparse.Namespace) -> None:
         for impl in _impls(args):
             cost = _cost_table(impl)
             if not cost.is_file():
-                raise CliError(f"no cost table at {cost} for arm C: run `k3 bench profile-verify"
-                               f"{' --model-impl sglang' if impl == 'sglang' else ''}` first")
+                raise CliError(f"no cost table at {cost} for arm C: run `k3 bench profile-verify` first")
 
 
 def _impls(args: argparse.Namespace) -> list[str]:
-    return ["portable", "sglang"] if args.model_impl == "both" else [args.model_impl]
+    return [args.model_impl]  # SGLang's own K3 (the portable model retired)
 
 
 def _cost_table(impl: str) -> Path:
@@ -126,7 +125,7 @@ def _cost_table(impl: str) -> Path:
 
 def arm_env(arm: str, impl: str, steps_prefix: Path) -> dict[str, str]:
     """The environment of one arm's server (module docstring)."""
-    env = {"K3_MODEL_IMPL": impl, "K3_STEP_TIMING": str(steps_prefix)}
+    env = {"K3_STEP_TIMING": str(steps_prefix)}
     if arm == "A":
         return env
     if arm == "D":

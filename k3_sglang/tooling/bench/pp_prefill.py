@@ -15,7 +15,7 @@ Configurations, each on its own server, measured in rounds (A B C D, A B C D, ..
   shared 2-core host (measured: 4 MLA heads or 8, base 2048: a <= 0), the fit fails and SGLang turns the feature
   off, hence the larger base for the D/E pair (8 heads, base 4096: a > 0, the predictor runs).
 Each round sends one fresh random prompt (radix cache flushed) with max_new_tokens 1, so the request time is
-the prefill. The stages' forward spans (K3_STAGE_TRACE, k3_sglang.parallel.pipeline_trace) give busy time per
+the prefill. The stages' forward spans (K3_STAGE_TRACE, tooling/bench/pp_stages.py), where a server writes them, give busy time per
 stage, the bubble and the exposed hand-off; the server's processes' CPU seconds come from /proc via psutil.
 Writes docs/bench-pp-prefill.md.
 """
@@ -154,7 +154,7 @@ def _server_args(cfg: BenchConfig, args: argparse.Namespace, model: Path) -> lis
 def measure(cfg: BenchConfig, args: argparse.Namespace, model: Path, seed: int, workdir: Path,
             notes: ServerNotes) -> Run:
     """Start cfg's server, warm it up, time one fresh prompt, stop it."""
-    from k3_sglang.parallel.pipeline_trace import pipeline_timing, read_spans
+    from k3_sglang.tooling.bench.pp_stages import pipeline_timing, read_spans
     from k3_sglang.serving.process import K3ServerProcess
 
     trace = workdir / f"trace-{cfg.name}-{seed}"

@@ -67,7 +67,7 @@ def _plot(configs: list[BenchConfig], runs: list[Run], med: dict[str, float], le
 def write_report(args: argparse.Namespace, started: datetime.datetime, load_start: tuple, load_end: tuple,
                  configs: list[BenchConfig], runs: list[Run], notes: dict[str, ServerNotes]) -> None:
     from k3_sglang.config import preset
-    from k3_sglang.parallel.pipeline import hop_bytes_per_token, stage_ranges
+    from k3_sglang.tooling.bench.pp_stages import hop_bytes_per_token, stage_bounds
 
     cfg_model = preset(PRESET)
     med = {c.name: _median([r.seconds for r in runs if r.config == c.name]) for c in configs}
@@ -95,9 +95,9 @@ def write_report(args: argparse.Namespace, started: datetime.datetime, load_star
         state = "on" if notes["pp2-dynamic"].active else "OFF (SGLang's fit failed, see below)"
         goals.append(f"- Dynamic vs fixed chunks (PP2, base {args.dynamic_base_chunk}; dynamic chunking {state}): "
                      f"{med['pp2-fixed-big'] / med['pp2-dynamic']:.2f}x (> 1: dynamic faster).")
-    stages = stage_ranges(cfg_model.num_layers, 2)
+    stages = stage_bounds(cfg_model.num_layers, 2)
     dtype_bytes = 4 if args.dtype == "float32" else 2
-    hop = hop_bytes_per_token(stages[0].end, cfg_model.attn_res.block_size, cfg_model.hidden_size, dtype_bytes)
+    hop = hop_bytes_per_token(stages[0][1], cfg_model.attn_res.block_size, cfg_model.hidden_size, dtype_bytes)
     chunk_lines = []
     for c in configs:
         sizes = notes[c.name].chunk_sizes
@@ -127,8 +127,8 @@ k3-tiny's widths with {cfg_model.mla.num_heads} MLA heads, random weights, {args
 prefill of one fresh {args.length:,}-token prompt per round in {args.chunked_prefill_size}-token chunks
 ({args.dynamic_base_chunk} for the fixed-vs-dynamic pair; max_new_tokens 1:
 the request time is the prefill). Each configuration runs on its own server; rounds alternate the configurations
-and the tables give medians. PP2 uses SGLang's default split {stages[0].end},{stages[1].end - stages[1].start}
-(2 MLA + 6 KDA layers per stage); each hop carries hidden_states + {stages[0].sent_blocks(cfg_model.attn_res.block_size)}
+and the tables give medians. PP2 uses SGLang's default split {stages[0][1]},{stages[1][1] - stages[1][0]}
+(2 MLA + 6 KDA layers per stage); each hop carries hidden_states + {-(-stages[0][1] // cfg_model.attn_res.block_size)}
 AttnRes blocks = {hop:,} bytes per token ({hop * args.length / 1e6:.1f} MB per {args.length:,}-token prompt).
 
 ## Prefill time

@@ -27,13 +27,13 @@ from pathlib import Path
 import httpx
 
 OUT = Path("docs/verify-cost-cpu.json")
-OUT_SGLANG = Path("docs/verify-cost-cpu-sglang.json")  # --model-impl sglang: SGLang's own K3 has its own step costs
-MODEL_IMPLS = ("portable", "sglang")
+OUT_SGLANG = Path("docs/verify-cost-cpu-sglang.json")  # SGLang's own K3 (the one model since the portable one retired)
+MODEL_IMPLS = ("sglang",)  # the portable model retired (its last table stays in OUT)
 
 
 def model_env(impl: str) -> dict[str, str]:
-    """K3_MODEL_IMPL for a bench server: the portable model or SGLang's own K3 (on CPU, the k3_cpu platform)."""
-    return {"K3_MODEL_IMPL": impl}
+    """The bench server's model environment: none (SGLang's own K3 is the one model; on CPU, the k3_cpu platform)."""
+    return {}
 VOCAB = 760  # token ids the tiny checkpoint embeds safely
 
 
@@ -61,11 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24, help="tokens per request (default 24)")
     parser.add_argument("--prompt-tokens", type=int, default=128, help="prompt length (default 128)")
     parser.add_argument("--rounds", type=int, default=1, help="batches per (N, L) (default 1)")
-    parser.add_argument("--model-impl", choices=MODEL_IMPLS, default="portable",
-                        help="which K3 serves (default portable; sglang: SGLang's own K3, default --out "
+    parser.add_argument("--model-impl", choices=MODEL_IMPLS, default="sglang",
+                        help="which K3 serves (sglang: SGLang's own K3, the one model; default --out "
                              f"{OUT_SGLANG})")
     parser.add_argument("--out", default=None,
-                        help=f"cost JSON (default {OUT}, or {OUT_SGLANG} with --model-impl sglang; '-': none)")
+                        help=f"cost JSON (default {OUT_SGLANG}; '-': none)")
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -28,14 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens per request")
     parser.add_argument("--repeats", type=int, default=3, help="alternating 1x / Nx rounds; medians are reported")
     parser.add_argument("--out", type=Path, default=None,
-                        help="report file ('-' for none; default docs/bench-serve.md, with --model-impl compare "
-                             "docs/bench-serve-models.md)")
-    parser.add_argument("--model-impl", choices=("auto", "portable", "sglang", "compare"), default="auto",
-                        help="which K3 serves (K3_MODEL_IMPL); compare: SGLang's K3 against the portable model, same "
-                             "prompts, same run (prefill at --prefill-tokens, decode at batch 1 and --batch)")
-    parser.add_argument("--prefill-tokens", type=int, default=2048, help="compare: prompt length of the prefill row")
-    parser.add_argument("--batch", type=int, default=16, help="compare: concurrent requests of the batch-N row")
-    parser.add_argument("--profile", action="store_true", help="compare: py-spy SGLang's K3 scheduler during decode")
+                        help="report file ('-' for none; default docs/bench-serve.md)")
     parser.add_argument("serve_args", nargs="*", help="extra `k3 serve` args, after --")
 
 
@@ -69,21 +62,15 @@ def _machine() -> str:
 def run(args: argparse.Namespace) -> int:
     from k3_sglang.serving.process import K3ServerProcess
 
-    if args.concurrency < 1 or args.new_tokens < 2 or args.repeats < 1 or args.batch < 1 or args.prefill_tokens < 1:
+    if args.concurrency < 1 or args.new_tokens < 2 or args.repeats < 1:
         from k3_sglang.cli import CliError
 
-        raise CliError("--concurrency, --batch, --prefill-tokens and --repeats must be >= 1 and --new-tokens >= 2")
-    if args.model_impl == "compare":
-        from k3_sglang.tooling.bench.serve_models import run_compare
-
-        args.out = args.out or Path("docs/bench-serve-models.md")
-        return run_compare(args)
+        raise CliError("--concurrency and --repeats must be >= 1 and --new-tokens >= 2")
     args.out = args.out or Path("docs/bench-serve.md")
     serve_args = (["--model-path", str(args.model_path)] if args.model_path else []) + list(args.serve_args)
     log = Path(tempfile.mkdtemp(prefix="k3-bench-")) / "serve.log"
     t0 = time.perf_counter()
-    env = {} if args.model_impl == "auto" else {"K3_MODEL_IMPL": args.model_impl}
-    with K3ServerProcess(serve_args, log, env=env) as server:
+    with K3ServerProcess(serve_args, log) as server:
         cold_start = time.perf_counter() - t0
         _stream_decode(server.url, 8)  # warm-up
         ttft, decode_s, tokens = _stream_decode(server.url, args.new_tokens)

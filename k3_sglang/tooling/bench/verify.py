@@ -153,38 +153,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="mix", help="K3_SPEC_PROFILE of the controlled workload (default mix)")
     parser.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                         help="--dtype of every server (default: k3 serve's, bf16)")
-    parser.add_argument("--model-impl", choices=("portable", "sglang"), default="portable",
-                        help="which K3 every arm serves (default portable; sglang: SGLang's own K3 with default "
+    parser.add_argument("--model-impl", choices=("sglang",), default="sglang",
+                        help="which K3 every arm serves (sglang: SGLang's own K3, the one model; default "
                              f"--cost-table {COST_SGLANG} and --out {DOC_SGLANG})")
     parser.add_argument("--cost-table", default=None,
-                        help=f"C's cost table (default {COST}, or {COST_SGLANG} with --model-impl sglang)")
+                        help=f"C's cost table (default {COST_SGLANG})")
     parser.add_argument("--pp-size", type=int, default=1,
                         help="--pp-size of every arm (default 1; 2..4 runs the three arms as pipelines)")
     parser.add_argument("--out", default=None,
-                        help=f"report (default {DOC}, or {DOC_SGLANG} with --model-impl sglang; '-': none)")
+                        help=f"report (default {DOC_SGLANG}; '-': none)")
 
 
 def check_args(args: argparse.Namespace) -> None:
     from k3_sglang.cli import CliError
 
-    sglang = getattr(args, "model_impl", "portable") == "sglang"
+    sglang = getattr(args, "model_impl", "sglang") == "sglang"  # the portable model (its tables: COST, DOC) retired
     if args.cost_table is None:
         args.cost_table = str(COST_SGLANG if sglang else COST)
     if args.out is None:
         args.out = str(DOC_SGLANG if sglang else DOC)
+    if not 1 <= args.pp_size <= 4:
+        raise CliError("--pp-size must be in 1..4")
     if sglang and args.pp_size > 2:
-        raise CliError("--pp-size above 2 with --model-impl sglang: SGLang's K3 serves up to 2 stages on CPU")
+        raise CliError("--pp-size above 2 with SGLang's K3: it serves up to 2 stages on CPU")
     if min(args.concurrency) < 1 or max(args.concurrency) > 64 or len(set(args.concurrency)) != len(args.concurrency):
         raise CliError("--concurrency values must be distinct and in 1..64 (--max-running-requests 64)")
     if args.repeats < 1 or args.max_new_tokens < 4 or args.prompt_tokens < 16 or args.min_requests < 1:
         raise CliError("--repeats and --min-requests must be >= 1, --max-new-tokens >= 4, --prompt-tokens >= 16")
     if not 2 <= args.width <= 16:
         raise CliError("--width must be in 2..16")
-    if not 1 <= args.pp_size <= 4:
-        raise CliError("--pp-size must be in 1..4 (the portable model serves up to 4 stages)")
     if not Path(args.cost_table).is_file():
-        raise CliError(f"no cost table at {args.cost_table}: run `k3 bench profile-verify"
-                       f"{' --model-impl sglang' if sglang else ''}` first (it writes {args.cost_table}) or pass "
+        raise CliError(f"no cost table at {args.cost_table}: run `k3 bench profile-verify` first (it writes {args.cost_table}) or pass "
                        "--cost-table")
     try:
         from k3_sglang.spec.cost import load_cost
@@ -229,7 +228,6 @@ def run(args: argparse.Namespace) -> int:
     records: dict[str, Path | None] = {"A": None}
 
     def start(arm: str, extra: list[str], env: dict[str, str], tag: str) -> None:
-        env = {**env, "K3_MODEL_IMPL": args.model_impl}
         servers[arm] = K3ServerProcess(flags + extra, work / f"serve-{arm}-{tag}.log", env=env).start(timeout_s=900)
         _post_all(servers[arm].url, warm, 8)
 

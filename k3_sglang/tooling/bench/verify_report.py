@@ -292,10 +292,9 @@ def write_report(args, started, load_before, cells, outputs, concurrency, per_wo
            f"--max-new-tokens {args.max_new_tokens} --prompt-tokens {args.prompt_tokens} --min-requests "
            f"{args.min_requests} --workloads {' '.join(args.workloads)} --width {args.width} --profile {args.profile} "
            f"--cost-table {args.cost_table}" + (f" --dtype {args.dtype}" if args.dtype else "")
-           + (f" --pp-size {args.pp_size}" if getattr(args, "pp_size", 1) > 1 else "")
-           + (" --model-impl sglang" if getattr(args, "model_impl", "portable") == "sglang" else ""))
-    model = ("SGLang's own K3 (`K3_MODEL_IMPL=sglang`, sglang.srt.models.kimi_k3 on the k3_cpu platform)"
-             if getattr(args, "model_impl", "portable") == "sglang" else "the portable K3 model")
+           + (f" --pp-size {args.pp_size}" if getattr(args, "pp_size", 1) > 1 else ""))
+    model = ("SGLang's own K3 (sglang.srt.models.kimi_k3 on the k3_cpu platform)"
+             if getattr(args, "model_impl", "sglang") == "sglang" else "the portable K3 model")
     png = Path(str(args.out)).with_suffix(".png") if str(args.out) != "-" else None
     parts = [
         "# `k3 bench verify`: no-spec vs verify-all vs confidence-scheduled verification (K3_CSV)", "",

@@ -17,7 +17,7 @@ class KVReadTrace:
 
     @classmethod
     def from_env(cls, rank: int) -> "KVReadTrace":
-        from k3_sglang.model.settings import worker_settings
+        from k3_sglang.worker_settings import worker_settings
 
         return cls(worker_settings().kv_read_trace, rank)
 

@@ -1,24 +1,39 @@
-"""Per-stage forward spans of a pipeline-parallel server, and the bubble and hand-off figures they give.
+"""`k3 bench pp-prefill`'s view of a pipeline: the stage split by SGLang's rule, the bytes a hop carries, and the
+per-stage forward spans with the bubble and hand-off figures they give.
 
-`K3_STAGE_TRACE=<dir>` (off by default; for `k3 bench pp-prefill`) makes every stage append one JSON line per
-forward to <dir>/stage-<start_layer>.jsonl: {"start", "t0_ns", "t1_ns", "tokens", "mode"} with CLOCK_MONOTONIC
-times (one clock for all processes of a host). SGLang has no per-stage forward timer that works on CPU.
-
+Spans: every stage appends one JSON line per forward to <dir>/stage-<start_layer>.jsonl, {"start", "t0_ns", "t1_ns",
+"tokens", "mode"} with CLOCK_MONOTONIC times (one clock for all processes of a host), when a server writes them
+(`K3_STAGE_TRACE=<dir>`; SGLang's own K3 writes none today, so the report's stage section then says so).
 From the spans of one request's chunked prefill (chunk k is the k-th extend forward on every stage):
 - busy_s[s]: the stage's forward time; span_s: first stage-0 start to last last-stage end;
 - bubble = 1 - sum(busy) / (P * span): the share of stage-time spent not computing;
 - exposed hand-off per hop: sum over chunks of t0[s+1][k] - max(t1[s][k], t1[s+1][k-1]), the time stage s+1
-  waits for chunk k after both the sender finished it and it finished its own previous chunk (transfer and
-  scheduling that overlap nothing).
+  waits for chunk k after both the sender finished it and it finished its own previous chunk.
 """
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-TRACE_ENV = "K3_STAGE_TRACE"  # read by WorkerSettings.stage_trace (k3_sglang/model/settings.py)
+TRACE_ENV = "K3_STAGE_TRACE"
+
+
+def stage_bounds(num_layers: int, pp_size: int) -> list[tuple[int, int]]:
+    """Layers [start, end) of every stage of a pp_size-way split by SGLang's default rule (`get_pp_indices`): the
+    layers split evenly and the last num_layers % pp_size stages get one extra."""
+    if not 1 <= pp_size <= num_layers:
+        raise ValueError(f"pp_size must be in 1..{num_layers}, got {pp_size}")
+    base, extra = divmod(num_layers, pp_size)
+    counts = [base + (1 if r >= pp_size - extra else 0) for r in range(pp_size)]
+    bounds = [sum(counts[:r]) for r in range(pp_size + 1)]
+    return [(bounds[r], bounds[r + 1]) for r in range(pp_size)]
+
+
+def hop_bytes_per_token(cut: int, block_size: int, hidden: int, dtype_bytes: int) -> int:
+    """Bytes per token crossing the boundary before layer `cut`: the live stream and the ceil(cut / bs) sealed
+    AttnRes block snapshots, (1 + ceil(cut / bs)) * hidden * dtype_bytes."""
+    return (1 - (-cut // block_size)) * hidden * dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -34,24 +49,6 @@ class Span:
     @property
     def seconds(self) -> float:
         return (self.t1_ns - self.t0_ns) / 1e9
-
-
-class StageTrace:
-    """Appends this stage's forward spans to <dir>/stage-<start_layer>.jsonl (one line per forward, flushed)."""
-
-    def __init__(self, directory: Path, start_layer: int):
-        directory.mkdir(parents=True, exist_ok=True)
-        self.start_layer = start_layer
-        self.path = directory / f"stage-{start_layer}.jsonl"
-
-    @staticmethod
-    def now_ns() -> int:
-        return time.monotonic_ns()
-
-    def record(self, t0_ns: int, t1_ns: int, tokens: int, mode: str) -> None:
-        line = json.dumps({"start": self.start_layer, "t0_ns": t0_ns, "t1_ns": t1_ns, "tokens": tokens, "mode": mode})
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
 
 
 def read_spans(directory: Path) -> dict[int, list[Span]]:

@@ -18,7 +18,7 @@ import torch
 
 from k3_sglang.dcp_mla.merge import attend, dcp_group, gather_heads, merge_heads
 from k3_sglang.dcp_mla.metadata import stripe_batch
-from k3_sglang.model.kv_read_trace import KVReadTrace
+from k3_sglang.dcp_mla.kv_read_trace import KVReadTrace
 from k3_sglang.parallel.tp import Shard
 
 

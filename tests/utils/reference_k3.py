@@ -1,6 +1,7 @@
 """Reference K3 forward: plain PyTorch over a checkpoint's tensors, full recompute per step.
 
-The oracle for the SGLang-served model: it shares no code with `k3_sglang.model` layers.
+The oracle for the SGLang-served model (SGLang's own K3): it shares no code with SGLang's layers or our CPU kernels
+plugged into them (it was the portable model's float64 reference and stays here, under tests/, as the oracle).
 KDA runs the per-token recurrence, MLA the unabsorbed causal form (per-head keys/values
 expanded from the latent), routed experts densely (all experts, off-route weights zero);
 default dtype float64.
@@ -8,6 +9,7 @@ default dtype float64.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -17,7 +19,20 @@ from k3_sglang.config import K3Config
 from k3_sglang.kernels.kda.naive import naive_recurrent_kda
 from k3_sglang.kernels.mla.naive import mla_attention_unabsorbed
 from k3_sglang.kernels.mxfp4.naive import dequant_mxfp4
-from k3_sglang.loader.weights import EXPERT_RE, canonical_name
+
+SKIPPED_PREFIXES = ("vision_tower.", "mm_projector.", "language_model.vision_tower.", "language_model.mm_projector.")
+EXPERT_RE = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.experts)\.(\d+)\.(w[123])\.(weight|weight_packed|weight_scale)$")
+
+
+def canonical_name(name: str) -> str | None:
+    """Checkpoint name -> the text model's parameter name (None for tensors the text model skips)."""
+    if name.startswith(SKIPPED_PREFIXES):
+        return None
+    if name.startswith("language_model."):
+        name = name[len("language_model."):]
+    if name.startswith("layers."):  # some exports drop the inner `model.`
+        name = "model." + name
+    return name
 
 
 def load_reference_tensors(model_dir: str | Path, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:

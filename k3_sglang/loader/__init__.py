@@ -1,1 +1,0 @@
-"""Checkpoint layout for K3: expected-tensor manifest, name mapping and weight loading."""
