@@ -70,7 +70,6 @@ def test_pp2_ranks_each_run_their_stage(pp2_server):
     assert "PP1] Prefill batch" in log and "PP0] Prefill batch" in log
 
 
-# WIDTH: needs SGLang's K3 at PP4 on CPU (issue 37, width: serving/sglang_cpu_limits.py); refused (exit 2) until then
 @pytest.mark.slow  # PP2 stays in the default run
 def test_pp4_with_stages_lacking_mla_or_kda_matches_pp1(server, tiny_dir, tmp_path_factory):
     pp4 = _start(tiny_dir, tmp_path_factory, "serve-pp4", ["--pp-size", "4"],

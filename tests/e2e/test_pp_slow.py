@@ -51,7 +51,6 @@ def pp1(tiny_dir, tmp_path_factory):
     return _outputs(tiny_dir, tmp_path_factory.mktemp("pp1") / "serve.log", [])
 
 
-# WIDTH: PP4 (and TP2 x PP2, 4 ranks) need SGLang's K3 at those sizes on CPU (issue 37, width)
 @pytest.mark.parametrize("pp_size", [2, 4])
 def test_long_prompts_through_the_pipeline_match_pp1(pp1, tiny_dir, tmp_path, pp_size):
     got = _outputs(tiny_dir, tmp_path / "serve.log", ["--pp-size", str(pp_size)])

@@ -250,7 +250,7 @@ def test_pp2_verify_lossless(tiny_dir, oracle, references, server, tmp_path_fact
                         ["--pp-size", "2"])
 
 
-@pytest.mark.slow  # PP4 (and TP2 x PP2's 4 ranks) need SGLang's K3 at those widths on CPU (issue 37, width)
+@pytest.mark.slow  # 4 ranks or stages
 @pytest.mark.parametrize("flags", [["--tp-size", "2", "--pp-size", "2"], ["--pp-size", "4"]], ids=["tp2-pp2", "pp4"])
 def test_wider_pipelines_verify_lossless(tiny_dir, oracle, references, server, tmp_path_factory, flags):
     """TP2 x PP2: stage 0's TP ranks take TP rank 0's plan, and the plan crosses the stage boundary split over the

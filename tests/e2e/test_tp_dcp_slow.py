@@ -18,7 +18,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 STARTUP_S = float(os.environ.get("K3_TEST_STARTUP_S", "400"))
 
 
-# WIDTH: TP4/DCP4 and DCP8 need SGLang's K3 at those sizes on CPU (issue 37, width: serving/sglang_cpu_limits.py)
 @pytest.mark.parametrize("name,extra,factor", [
     ("tp2", ["--tp-size", "2"], 1),
     ("tp4-dcp4", ["--tp-size", "4", "--dcp-size", "4", "--dcp-comm-backend", "a2a"], 4),
@@ -35,6 +34,8 @@ def test_parallel_server_matches_tp1(server, reference, tiny_dir, tmp_path_facto
         proc.stop()
 
 
+@pytest.mark.xfail(strict=True, reason="SGLang's K3 on CPU serves TP/DCP up to 4 (serving/sglang_cpu_limits.py); DCP8 "
+                   "is refused with exit 2 until 8 ranks have an end-to-end test (issue 37, width)")
 def test_dcp8_on_eight_ranks_starts_answers_and_holds_8x(tmp_path_factory):
     from k3_sglang.tiny.checkpoint import write_tiny_checkpoint
 
