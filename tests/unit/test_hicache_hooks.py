@@ -203,8 +203,7 @@ def test_mooncake_needs_a_master_that_answers():
                           {"MOONCAKE_PROTOCOL": "rdma"})
     assert env["MOONCAKE_PROTOCOL"] == "rdma" and env["MOONCAKE_LOCAL_HOSTNAME"] == "127.0.0.1"
     assert env["MC_TCP_BIND_ADDRESS"] == "127.0.0.1" and env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == str(512 << 20)
-    assert cpu_hicache_env(["--enable-hicache"], "127.0.0.1", {}) == {  # no Mooncake variables without it
-        "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python"}
+    assert cpu_hicache_env(["--enable-hicache"], "127.0.0.1", {}) == {}  # no Mooncake variables without it
 
 
 def test_hicache_needs_the_radix_cache_and_no_draft_under_dcp():

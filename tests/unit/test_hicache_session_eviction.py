@@ -294,7 +294,10 @@ def test_k3_serve_refuses_a_bad_eviction_setting_and_selects_the_python_core(mon
     monkeypatch.setenv("K3_HICACHE_EVICTION", "mru")
     assert main(["serve", "--dry-run", "--enable-hierarchical-cache"]) == 2
     assert "K3_HICACHE_EVICTION must be one of sessions, lru, got 'mru'" in capsys.readouterr().err
-    monkeypatch.delenv("K3_HICACHE_EVICTION")
+    monkeypatch.delenv("K3_HICACHE_EVICTION")  # the default, SGLang's LRU: its own (Rust) core
+    assert main(["serve", "--dry-run", "--dtype", "float32", "--enable-hierarchical-cache"]) == 0
+    assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND" not in capsys.readouterr().out
+    monkeypatch.setenv("K3_HICACHE_EVICTION", "sessions")
     assert main(["serve", "--dry-run", "--dtype", "float32", "--enable-hierarchical-cache"]) == 0
     assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in capsys.readouterr().out
 
