@@ -38,18 +38,25 @@ def _reference_sequence(x, f, b, conv_w, A_log, dt_bias, window, state):
     return o, new_window, S.transpose(-1, -2)
 
 
-def test_prefill_conv_and_chunked_recurrence_match_the_reference():
-    conv_w, A_log, dt_bias = _weights()
-    lens, slots, init = [1, 70, 0, 130, 2], [3, 1, 4, -1, 0], [True, False, True, True, True]
+def _conv_prefill(conv_w, lens, slots, n_slots, init):
+    """Fresh random rows for `lens` prompts on pools of `n_slots`, run through the CPU conv prefill: the inputs,
+    the pools and their copies before the call, the packed offsets and slots, and the conv output split as q, k, v."""
     T = sum(lens)
     x, f, b = torch.randn(T, D), torch.randn(T, H * K), torch.randn(T, H)
-    conv, state = _pools(6)
+    conv, state = _pools(n_slots)
     conv0, state0 = conv.clone(), state.clone()
     qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
     idx = torch.tensor(slots, dtype=torch.int32)
     y = kda_ops.causal_conv1d_fn(x.t().contiguous(), conv_w, None, conv.transpose(-1, -2), qsl, lens, idx,
                                  torch.tensor(init), "silu").t()
-    q, k, v = y.split([H * K, H * K, H * V], -1)
+    return x, f, b, conv, state, conv0, state0, qsl, idx, y.split([H * K, H * K, H * V], -1)
+
+
+def test_prefill_conv_and_chunked_recurrence_match_the_reference():
+    conv_w, A_log, dt_bias = _weights()
+    lens, slots, init = [1, 70, 0, 130, 2], [3, 1, 4, -1, 0], [True, False, True, True, True]
+    T = sum(lens)
+    x, f, b, conv, state, conv0, state0, qsl, idx, (q, k, v) = _conv_prefill(conv_w, lens, slots, 6, init)
     h_track = torch.full((len(lens), H, V, K), float("nan"))
     o, h = kda_ops.kda_extend(q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, H, V),
                               f.reshape(1, T, H, K), b.reshape(1, T, H), A_log=A_log.view(1, 1, H, 1),
@@ -89,14 +96,8 @@ def test_prefill_of_whole_chunks_reads_the_packed_rows_in_place_and_matches_the_
     in-place path); outputs, final states and every chunk's entering state against the float64 reference."""
     conv_w, A_log, dt_bias = _weights()
     T = sum(lens)
-    x, f, b = torch.randn(T, D), torch.randn(T, H * K), torch.randn(T, H)
-    conv, state = _pools(4)
-    conv0, state0 = conv.clone(), state.clone()
-    qsl = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
-    idx = torch.tensor(slots, dtype=torch.int32)
-    y = kda_ops.causal_conv1d_fn(x.t().contiguous(), conv_w, None, conv.transpose(-1, -2), qsl, lens, idx,
-                                 torch.ones(len(lens), dtype=torch.bool), "silu").t()
-    q, k, v = y.split([H * K, H * K, H * V], -1)
+    x, f, b, conv, state, conv0, state0, qsl, idx, (q, k, v) = _conv_prefill(conv_w, lens, slots, 4,
+                                                                              [True] * len(lens))
     o, h = kda_ops.kda_extend(q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, H, V),
                               f.reshape(1, T, H, K), b.reshape(1, T, H), A_log=A_log.view(1, 1, H, 1),
                               dt_bias=dt_bias, lower_bound=LB, ssm_states=state, cache_indices=idx,
