@@ -131,8 +131,8 @@ HOOK_SETS = (
     HookSet("k3_sglang.spec.contract", "k3_cpu platform", _contract_hooks, "tests/spec/test_contract.py"),
     HookSet("k3_sglang.spec.pp_hooks", "k3_cpu platform (inert but for K3_CSV)", _pp_hooks,
             "tests/spec/test_pp_hooks.py"),
-    HookSet("k3_sglang.spec.plain_path", "every platform with K3_CSV registered (inert until a K3_CSV worker of a "
-            "TP1/PP1 server takes it)", _plain_path_hooks, "tests/spec/test_plain_path.py"),
+    HookSet("k3_sglang.spec.plain_path", "every platform where K3 is in play (`k3 serve`, the k3_cpu platform; inert "
+            "until a K3_CSV worker of a TP1/PP1 server takes it)", _plain_path_hooks, "tests/spec/test_plain_path.py"),
     HookSet("k3_sglang.sglang_cpu.hooks", "k3_cpu platform", _sglang_cpu_hooks,
             "tests/unit/test_sglang_cpu_hooks.py"),
     HookSet("k3_sglang.serving.kv_event_hooks", "every `k3 serve` process (K3_SERVE_HOOKS)", _kv_event_hooks,

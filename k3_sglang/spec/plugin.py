@@ -6,9 +6,9 @@ detokenizer), so `--speculative-algorithm K3_CSV` resolves everywhere through SG
 carry SGLang's speculative path, which is Triton-only outside SGLang's Xeon engine: the req_to_token writer every
 speculative decode step calls (`mem_cache.allocation.assign_req_to_token_pool_func`, replaced by the same
 gather/scatter in torch) and the scatter of SGLang's commit after verification (spec/contract.py). On every platform
-the plain path's hook (spec/plain_path.py) lets a step K3_CSV runs as plain decode take SGLang's non-speculative
-path. The pipeline
-hooks of spec/pp_hooks.py (K3_CSV inside one `--pp-size N` server) are installed there too; every hook is inert
+where K3 is in play (`deployment.current()`: `k3 serve` or the k3_cpu platform; never plain SGLang) the plain
+path's hook (spec/plain_path.py), registered once per process, lets a step K3_CSV runs as plain decode take
+SGLang's non-speculative path. The pipeline hooks of spec/pp_hooks.py (K3_CSV inside one `--pp-size N` server) are installed there too; every hook is inert
 for every other algorithm or device.
 """
 from __future__ import annotations
@@ -75,6 +75,9 @@ def installed_hooks():
             *pp_hooks.installed_hooks()]
 
 
+_plain_path_registered = False  # once per process: SGLang would wrap the target again on a second registration
+
+
 @sglang_plugin
 def register() -> None:
     """Entry point: register K3_CSV once per process (a second call is a no-op) and, on our CPU platform (either K3
@@ -86,12 +89,16 @@ def register() -> None:
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from k3_sglang.deployment import current
     from k3_sglang.spec import plain_path
 
     if get_spec(ALGORITHM) is None:
         SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, validate_server_args=validate_server_args,
                                       spec_class=K3SpecAlgo)(_factory)
-        for target, hook, kind in plain_path.installed_hooks():  # any platform; inert until a K3_CSV worker owns it
+    global _plain_path_registered
+    if not _plain_path_registered and current() is not None:  # K3 in play, any platform; inert until a K3_CSV
+        _plain_path_registered = True                           # worker owns it (never in plain SGLang)
+        for target, hook, kind in plain_path.installed_hooks():
             HookRegistry.register(target, hook, HookType[kind])
     from k3_sglang.platform_hooks import on_k3_cpu
 

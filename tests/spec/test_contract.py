@@ -85,14 +85,23 @@ def test_plugin_lists_every_hook_it_installs(monkeypatch):
     monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, t, h, k: registered.append((t, h, k.name))))
     monkeypatch.setenv("SGLANG_PLATFORM", "k3_cpu")
     monkeypatch.delenv("SGLANG_EXTERNAL_MODEL_PACKAGE", raising=False)
+    monkeypatch.delenv("K3_DEPLOYMENT", raising=False)
+    monkeypatch.setattr(plugin, "_plain_path_registered", False)
+    plugin.register()
+    from k3_sglang.spec import plain_path
+
+    assert registered == plain_path.installed_hooks() + plugin.installed_hooks()  # the plain path once per process
+    registered.clear()
     plugin.register()
     assert registered == plugin.installed_hooks()
     for target, _, _ in plugin.installed_hooks():
         pkgutil.resolve_name(target)  # every target exists in the installed SGLang
     monkeypatch.setenv("SGLANG_PLATFORM", "cuda")
+    monkeypatch.delenv("K3_SERVE_HOOKS", raising=False)
+    monkeypatch.setattr(plugin, "_plain_path_registered", False)
     registered.clear()
     plugin.register()
-    assert registered == []  # a GPU host is untouched
+    assert registered == []  # a GPU host without `k3 serve` is untouched
 
 
 def test_sglangs_commit_through_the_contract_commits_the_accepted_steps(monkeypatch):

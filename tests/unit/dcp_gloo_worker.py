@@ -24,9 +24,9 @@ def _coordinator(c: int, rank: int):
 def _install_cpu_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from k3_sglang import platform_hooks
+    from k3_sglang.dcp_mla import cpu_kernels
 
-    for target, hook, kind in platform_hooks.dcp_cpu_hooks():
+    for target, hook, kind in cpu_kernels.COLLECTIVE_HOOKS + cpu_kernels.MERGE_HOOKS:  # as sglang_cpu/hooks.py does
         HookRegistry.register(target, hook, HookType[kind])
     HookRegistry.apply_hooks()
 
