@@ -12,8 +12,8 @@
 #   2c. docs/roofline.md's rows measured: that kernel for one MLA layer at every (preset, context 32K-1M, DCP 1-8)
 #      row, time and fraction of the measured copy bandwidth (bench/roofline_check.py; fails only on a non-finite
 #      output);
-#   3. bench/kernels_gpu.py: every Triton kernel checked and timed at K3-full shapes, and the fused KDA decode as a
-#      fraction of the measured HBM bandwidth (goal >= 70 %).
+#   3. bench/kernels_gpu.py: our server's Triton kernels (the k3_dcp_mla decode, the LSE merge) checked and timed at
+#      K3-full shapes against the measured copy bandwidth.
 # SGLang steps, only where sglang 0.5.23 imports (elsewhere reported as NOT RUN; they never fail the kernel verdict):
 #   4. the CPU plugin's kernel tests that need SGLang (tests/model, K3_KERNEL_TESTS_ON_GPU=1);
 #   5. the tiny K3 served on CUDA by SGLang's own K3, token for token against the float64 reference.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from k3_sglang.kernels.kda.decode_common import chain_layout
+from k3_sglang.kernels.kda.chains import chain_layout
 from k3_sglang.kernels.kda.naive import _chunk_group_size, _intra_chunk, kda_gate, l2_normalize
 
 PAD_SLOT_ID = -1

@@ -1,6 +1,6 @@
-"""KDA (Kimi Delta Attention) family: references in `naive`, pooled torch ops in `naive_decode`, Triton kernels in
-`fused_recurrent` (decode / verify) and `chunk` (varlen prefill). Triton modules are not imported here."""
-from k3_sglang.kernels.kda.decode_common import KDAOptions, KDAWeights, VerifyScratch
+"""KDA (Kimi Delta Attention) family: the float64-capable references in `naive` (SGLang's K3 on CPU runs its chunked
+form, k3_sglang/sglang_cpu/kda_ops.py) and the packed-chain layout of a verify in `chains`. On a GPU, SGLang's own
+KDA kernels serve; no Triton KDA kernel of ours remains."""
 from k3_sglang.kernels.kda.naive import (
     chunk_kda,
     gated_rms_norm,
@@ -12,9 +12,6 @@ from k3_sglang.kernels.kda.naive import (
 )
 
 __all__ = [
-    "KDAOptions",
-    "KDAWeights",
-    "VerifyScratch",
     "chunk_kda",
     "gated_rms_norm",
     "kda_gate",

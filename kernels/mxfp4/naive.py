@@ -64,33 +64,3 @@ def quant_mxfp4(w: torch.Tensor, group_size: int = GROUP) -> tuple[torch.Tensor,
     codes = (idx | sign).view(N, K).to(torch.uint8)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return packed.contiguous(), (e + 127).view(N, K // GROUP).to(torch.uint8)
-
-
-def mxfp4_grouped_matmul(x: torch.Tensor, expert_offsets: torch.Tensor, packed: torch.Tensor,
-                         scales: torch.Tensor) -> torch.Tensor:
-    """Grouped expert matmul on MXFP4 weights: y[rows of e] = x[rows of e] @ dequant(W_e)^T.
-
-    x [M, Kin] with rows grouped by expert (expert e owns rows expert_offsets[e]:expert_offsets[e+1]),
-    expert_offsets [E+1] int, packed uint8 [E, N, Kin/2], scales uint8 [E, N, Kin/32].
-    Returns y [M, N] in x.dtype (fp32 compute, fp64 for fp64 x).
-    """
-    check_grouped_args("mxfp4_grouped_matmul", x, expert_offsets, packed, scales)
-    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-    y = torch.zeros(x.shape[0], packed.shape[1], dtype=dt, device=x.device)
-    bounds = expert_offsets.tolist()
-    for e in range(packed.shape[0]):
-        lo, hi = bounds[e], bounds[e + 1]
-        if hi > lo:
-            y[lo:hi] = x[lo:hi].to(dt) @ dequant_mxfp4(packed[e], scales[e], dt).T
-    return y.to(x.dtype)
-
-
-def check_grouped_args(name, x, expert_offsets, packed, scales) -> None:
-    """Shared ValueError checks for the grouped MXFP4 matmul (reference and Triton)."""
-    if packed.dim() != 3 or scales.dim() != 3 or packed.shape[:2] != scales.shape[:2]:
-        raise ValueError(f"{name}: packed {tuple(packed.shape)} must be [E, N, Kin/2], scales {tuple(scales.shape)} [E, N, Kin/32]")
-    check_mxfp4_args(name, packed[0], scales[0])
-    if x.dim() != 2 or x.shape[1] != 2 * packed.shape[2]:
-        raise ValueError(f"{name}: x {tuple(x.shape)} must be [M, Kin] with Kin = {2 * packed.shape[2]}")
-    if tuple(expert_offsets.shape) != (packed.shape[0] + 1,):
-        raise ValueError(f"{name}: expert_offsets {tuple(expert_offsets.shape)} must be [E+1] = [{packed.shape[0] + 1}]")

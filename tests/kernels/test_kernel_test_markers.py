@@ -1,5 +1,5 @@
-"""Which kernel tests run where (tests/utils/kernel_testing.py): a `gpu` test inside a `triton` module runs on a GPU
-(test_kda_fused_decode_cuda_graph was skipped everywhere before), interpreter tests stay off the GPU run."""
+"""Which kernel tests run where (tests/utils/kernel_testing.py): a `gpu` test inside a `triton` module runs on a GPU,
+interpreter tests stay off the GPU run."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -11,7 +11,7 @@ from tests.utils.kernel_testing import SKIP_GPU, SKIP_INTERPRETER, skip_reason
 
 
 @pytest.mark.parametrize("keywords,requested,cuda,reason", [
-    ({"gpu", "triton"}, True, True, None),  # test_kda_fused_decode_cuda_graph on a GPU run
+    ({"gpu", "triton"}, True, True, None),  # a compiled test in an interpreter module, on a GPU run
     ({"gpu"}, True, True, None),
     ({"gpu", "triton"}, False, True, SKIP_GPU),
     ({"gpu"}, True, False, SKIP_GPU),
@@ -31,11 +31,3 @@ def test_collection_hook_applies_it(monkeypatch):
         item.add_marker = item.marks.append
     kernel_testing.pytest_collection_modifyitems(None, items)
     assert items[0].marks == [] and items[1].marks[0].kwargs["reason"] == SKIP_INTERPRETER
-
-
-def test_the_cuda_graph_test_is_marked_gpu_inside_a_triton_module():
-    import test_kda_fused_recurrent as module
-
-    assert module.pytestmark.name == "triton"
-    marks = [m.name for m in module.test_kda_fused_decode_cuda_graph.pytestmark]
-    assert "gpu" in marks

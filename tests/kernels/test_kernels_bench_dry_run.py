@@ -11,9 +11,7 @@ from k3_sglang.tooling.bench import kernel_cases as cases
 
 pytestmark = pytest.mark.triton
 
-TINY = dict(H=2, K=16, V=16, MLA_HEADS=3, MLA_LAT=24, MLA_V=16, HIDDEN=40, BANK=3, MX_SHAPE=(4, 64),
-            MERGE_SHAPE=(3, 2, 3, 16), PREFILL_CHECK=[9, 1, 3], PREFILL_CASES=([9],), ATTN_RES_PREFILL_T=3,
-            MLA_CHECK=(2, 30), VERIFY_BATCH=2, VERIFY_DRAFTS=3, MOE_CASE=(2, 3, 2, (16, 64)), CUDA="cpu")
+TINY = dict(MLA_HEADS=3, MLA_LAT=24, MLA_V=16, MERGE_SHAPE=(3, 2, 3, 16), MLA_CHECK=(2, 30), CUDA="cpu")
 
 
 def _wall_ms(fn, iters, warmup):
@@ -33,8 +31,7 @@ def test_bench_kernels_dry_run(monkeypatch, capsys):
     rows = kernels.run_cases(args, bw=1e9, tflops=1.0)
     out = capsys.readouterr().out
     names = {r.name for r in rows}
-    assert names == {"kda_decode", "kda_verify", "kda_chunk_prefill", "mla_decode",
-                     "merge_attention_states", "attn_res_read", "dequant_mxfp4", "mxfp4_grouped_matmul"}, out
+    assert names == {"mla_decode", "merge_attention_states"}, out
     failed = [(r.name, r.check) for r in rows if not r.check.startswith("ok")]
     assert not failed, out
-    assert "kda_decode" in out and "% bw" in out
+    assert "mla_decode" in out and "% bw" in out

@@ -30,7 +30,7 @@ def test_bench_kernels_exits_2_on_cpu(capsys):
 def test_bench_cases_import_without_cuda():
     import k3_sglang.tooling.bench.kernel_cases as cases
 
-    assert callable(cases.bench_kda) and kernels.n_sets(kernels.L2_ROTATE_BYTES / 4) == 4
+    assert callable(cases.bench_mla) and kernels.n_sets(kernels.L2_ROTATE_BYTES / 4) == 4
 
 
 def test_bench_kda_prefill_tiny(tmp_path, capsys):

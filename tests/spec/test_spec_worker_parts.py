@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from k3_sglang.kernels.kda.decode_common import chain_layout
+from k3_sglang.kernels.kda.chains import chain_layout
 from k3_sglang.spec.accept import accept_greedy
 from k3_sglang.spec.info import VerifyLayout
 from k3_sglang.spec.plugin import assign_req_to_token_pool_torch, register

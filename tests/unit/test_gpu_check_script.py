@@ -1,11 +1,10 @@
 """bench/gpu_check.sh's logic on CPU: a stub `python` for every branch (no sglang, another SGLang, failures, no CUDA),
 and a stand-in for the lent image (this interpreter without sglang and without the project installed) running the
-real commands; and the KDA bandwidth goal verdict of bench/kernels_gpu.py on synthetic rows. The GPU run itself
+real commands. The GPU run itself
 happens only on a lent GPU machine. About 60 s (the stand-in collects the kernel tests)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from k3_sglang.tooling.bench.kernels import Row
 
 REPO = Path(__file__).resolve().parents[2]
 STUB = """#!/usr/bin/env bash
@@ -29,7 +27,7 @@ case "$*" in
   "-m pytest tests/e2e"*) echo "2 passed"; exit "${STUB_SERVE_RC:-0}" ;;
   bench/dcp_kernel_check.py*) echo "k3_dcp_mla: every case within tolerance"; exit "${STUB_DCP_RC:-0}" ;;
   bench/roofline_check.py*) echo "| H200 TP16 | 131072 | 8 | 48 | 16384 | ok |"; exit "${STUB_ROOF_RC:-0}" ;;
-  bench/kernels_gpu.py*) echo "goal >= 70 % of measured bandwidth at every batch: met"; exit "${STUB_BENCH_RC:-0}" ;;
+  bench/kernels_gpu.py*) echo "2 cases, 0 failed checks"; exit "${STUB_BENCH_RC:-0}" ;;
 esac
 exit 98
 """
@@ -62,7 +60,7 @@ def test_lent_image_without_sglang_passes_on_the_kernels(tmp_path):
     assert "sglang missing" in report and "NOT RUN: they need sglang 0.5.23" in report
     assert "pip" not in calls and "tests/model" not in calls and "tests/e2e" not in calls  # nothing installed
     assert f"-m pytest tests/kernels -q -p no:cacheprovider -rs | PYTHONPATH={REPO} GPU=1 INTERP=" in calls
-    assert f"bench/kernels_gpu.py --iters 30 --warmup 5 | PYTHONPATH={REPO}" in calls and "met" in report
+    assert f"bench/kernels_gpu.py --iters 30 --warmup 5 | PYTHONPATH={REPO}" in calls and "2 cases, 0 failed checks" in report
 
 
 def test_sglang_steps_run_where_sglang_0_5_23_imports(tmp_path):
@@ -122,23 +120,3 @@ def test_kernel_tests_and_benchmark_need_only_torch_and_triton(tmp_path):
     model = subprocess.run([python, "-m", "pytest", "tests/model", "--collect-only", "-q", "-p", "no:cacheprovider"],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert model.returncode != 0 and "No module named 'sglang" in model.stdout + model.stderr
-
-
-def _kernels_gpu():
-    spec = importlib.util.spec_from_file_location("kernels_gpu", REPO / "bench" / "kernels_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize("fractions,verdict", [([0.8, 0.71], "met"), ([0.9, 0.5], "MISSED")])
-def test_kda_goal_verdict(fractions, verdict):
-    module = _kernels_gpu()
-    bw = 4e12
-    rows = [Row("kda_decode", f"B={b}", 1.0, f * bw * 1e-3, 0.0, "ok 1e-4") for b, f in zip((1, 64), fractions)]
-    rows.append(Row("mla_decode", "B=1", 1.0, 0.1 * bw * 1e-3, 0.0, "ok"))
-    lines = module.kda_goal_lines(rows, bw)
-    assert len(lines) == 3 and lines[-1].startswith(f"goal >= 70 % of measured bandwidth at every batch: {verdict}")
-    assert f"worst {min(fractions) * 100:.0f} %" in lines[-1]
-    assert module.kda_goal_lines([Row("kda_decode", "B=1", 1.0, 0.9 * bw * 1e-3, 0.0, "FAIL 1e-1")], bw)[-1].find(
-        "MISSED") > 0  # a failed check never meets the goal

@@ -2,7 +2,7 @@
 K3's production shapes, must not spill and must fit its architecture's shared memory. Default tier: a few seconds
 from the committed cache (k3_sglang/tooling/bench/kernels_static.json, keyed by Triton version + kernel source
 hash); a kernel edit misses the cache and compiles it here (seconds to minutes), so the test never reads a stale
-result. The KDA verify and chunked-prefill kernels spill today: strict expected failures, so a fix is noticed.
+result. (The KDA Triton kernels that spilled retired with the portable model: SGLang's K3 runs SGLang's KDA kernels.)
 Plus the tool's own parts: ptxas output parsing, blocks per SM by hand, a kernel built to spill is caught, and the
 Triton state is restored after a capture."""
 from __future__ import annotations
@@ -17,21 +17,6 @@ import pytest
 
 from k3_sglang.tooling.bench import kernels_static, static_cases, static_compile
 from k3_sglang.tooling.bench.static_compile import ARCHS, Usage, blocks_per_sm, parse_ptxas, problems
-
-KNOWN_SPILLS = {  # case id prefix -> why it is expected to fail (docs/kernels.md, "Known problems")
-    "kda verify": "kda_recurrent_fwd_kernel verify: 255 registers, 368-384 B spilled",
-    "kda prefill-chunk": "kda_chunk_fwd_kernel: 12 KB stack frame, ~40 KB spill traffic per program",
-}
-
-
-def _params():
-    out = []
-    for case in static_cases.cases():
-        known = next((why for prefix, why in KNOWN_SPILLS.items() if case.id.startswith(prefix)), None)
-        marks = [pytest.mark.xfail(strict=True, reason=known)] if known else []
-        out.append(pytest.param(case.id, marks=marks, id=case.id))
-    return out
-
 
 def _clean_env() -> dict:
     """This environment without TRITON_INTERPRET (tests/kernels' conftest sets it for the whole pytest process, and
@@ -52,7 +37,7 @@ def static_rows():
     return kernels_static.results()
 
 
-@pytest.mark.parametrize("case_id", _params())
+@pytest.mark.parametrize("case_id", [c.id for c in static_cases.cases()])
 def test_no_spills_and_shared_within_limits(static_rows, case_id):
     mine = [(arch, launch) for cid, arch, launch in static_rows if cid == case_id]
     assert {arch for arch, _ in mine} == set(ARCHS), f"{case_id}: not compiled for every architecture"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
 KERNEL_TEST_IMPORTS = ("torch", "triton", "pytest", "numpy", "k3_sglang.kernels", "k3_sglang.tooling.bench", "tests.",
-                       "test_", "kda_cases")
+                       "test_")
 
 
 def _modules(tree: ast.AST):

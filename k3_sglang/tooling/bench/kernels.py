@@ -14,9 +14,7 @@ import sys
 from dataclasses import dataclass
 
 L2_ROTATE_BYTES = 512 << 20  # rotate inputs over at least this much memory (H200 L2 is 60 MiB)
-H, K, V, W = 96, 128, 128, 4  # K3 KDA: heads, key/value head dims, conv width
 MLA_HEADS, MLA_LAT, MLA_V = 96, 576, 512
-HIDDEN, BANK = 7168, 9
 
 
 @dataclass
@@ -35,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=10, help="warm-up iterations per case")
     parser.add_argument("--context", type=int, default=16384, help="MLA context length per request")
     parser.add_argument("--only", nargs="+", default=None,
-                        choices=["kda", "verify", "prefill", "mla", "merge", "attn_res", "mxfp4", "moe"], help="run a subset")
+                        choices=["mla", "merge"], help="run a subset")
     parser.add_argument("--static", action="store_true",
                         help="no GPU needed: compile every server kernel for sm_90a and sm_100a at production shapes "
                              "and report registers, spills, shared memory, blocks per SM (kernels_static.py)")
@@ -75,7 +73,7 @@ def run_cases(args: argparse.Namespace, bw: float, tflops: float) -> list[Row]:
     from k3_sglang.tooling.bench import kernel_cases as cases
 
     rows: list[Row] = []
-    groups = args.only or ["kda", "verify", "prefill", "mla", "merge", "attn_res", "mxfp4", "moe"]
+    groups = args.only or ["mla", "merge"]
     for group in groups:
         for row in getattr(cases, f"bench_{group}")(args):
             rows.append(Row(*row))
