@@ -44,9 +44,10 @@ def upcast_mxfp4(original, tensor, scale, target_dtype, axis, *args, **kwargs):
 
 def small_linear(original, self, layer, x, bias=None):
     """AROUND `UnquantizedLinearMethod.apply` (every unquantized linear layer of SGLang's K3): a small bf16/fp16 GEMM
-    on CPU (decode-sized: rows x N x K <= fast_ops.SMALL_GEMM_MACS) runs in float32 against a cached float32 copy
-    of the weight (fast_ops.small_linear: ~3x less time than oneDNN's reduced-precision GEMM at that size); every
-    other call, SGLang's own path."""
+    on CPU (decode-sized: rows x N x K <= fast_ops.SMALL_GEMM_MACS), or any size on a CPU without a native bf16/fp16
+    GEMM (fast_ops.native_reduced_gemm), runs in float32 against a cached float32 copy of the weight
+    (fast_ops.small_linear: ~3x less time than oneDNN's reduced-precision GEMM at decode size, 10-15x less than the
+    fallback GEMM of an AVX2-only CPU); every other call, SGLang's own path."""
     from k3_sglang.sglang_cpu import fast_ops
 
     weight = getattr(layer, "weight", None)

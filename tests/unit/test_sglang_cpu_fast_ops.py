@@ -63,13 +63,27 @@ def test_small_linear_matches_the_float64_product(rows, N, K, bias, dtype):
                  BF16_VS_FP64)
 
 
-def test_small_gemm_takes_only_small_reduced_precision_cpu_products():
+def test_small_gemm_takes_only_small_reduced_precision_cpu_products(monkeypatch):
+    monkeypatch.setattr(fast_ops, "native_reduced_gemm", lambda dtype: True)  # a Xeon with AMX / AVX512-BF16
     w = torch.zeros(256, 128, dtype=torch.bfloat16)
     assert fast_ops.small_gemm(torch.zeros(16, 128, dtype=torch.bfloat16), w)
     assert not fast_ops.small_gemm(torch.zeros(17, 128, dtype=torch.bfloat16), w)  # 17 x 256 x 128 > 2^19
     assert not fast_ops.small_gemm(torch.zeros(1, 128), w.float())  # float32 already
     assert not fast_ops.small_gemm(torch.zeros(1, 4096, dtype=torch.bfloat16),
                                    torch.zeros(256, 4096, dtype=torch.bfloat16))  # a weight above 2^19: no copy
+
+
+def test_without_a_native_bf16_gemm_every_copyable_weight_runs_in_float32(monkeypatch):
+    monkeypatch.setattr(fast_ops, "native_reduced_gemm", lambda dtype: False)  # an AVX2-only CPU
+    assert fast_ops.small_gemm(torch.zeros(512, 128, dtype=torch.bfloat16), torch.zeros(384, 128, dtype=torch.bfloat16))
+    assert fast_ops.small_gemm(torch.zeros(1, 4096, dtype=torch.float16), torch.zeros(256, 4096, dtype=torch.float16))
+    assert not fast_ops.small_gemm(torch.zeros(1, 4096, dtype=torch.bfloat16),
+                                   torch.zeros(4097, 4096, dtype=torch.bfloat16))  # above 2^24 elements: no copy
+    assert not fast_ops.small_gemm(torch.zeros(512, 128), torch.zeros(384, 128))  # float32 already
+
+
+def test_native_reduced_gemm_asks_onednn():
+    assert fast_ops.native_reduced_gemm(torch.bfloat16) is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def test_float32_copy_is_made_once_and_again_after_an_in_place_write():

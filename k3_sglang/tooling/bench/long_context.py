@@ -3,10 +3,10 @@
 Starts the embedded default (tiny K3, real SGLang on CPU) on a free loopback port and, for each prompt length,
 sends one fresh random prompt (nothing shared with earlier prompts, so no radix-cache hit) as a streamed greedy
 request: the time to the first token is the prefill time, the stream after it gives the decode rate at that
-context. The same run also serves the shortest lengths with SGLang's torch_native MLA extend
-(`K3_MLA_EXTEND=torch_native`, which recomputes the whole prefix for every chunk) on a second server, so the
-speed-up is a ratio measured side by side. Writes docs/bench-long-context.md and a plot of time vs length, and
-reports the 16K -> 64K prefill-time ratio against the issue's goal (<= 5x).
+context. Writes docs/bench-long-context.md and a plot of time vs length, and reports the 16K -> 64K prefill-time
+ratio against the issue's goal (<= 5x). (The second server that once served the short lengths with
+`K3_MLA_EXTEND=torch_native` is gone: that switch belonged to the retired portable model, and SGLang's K3 on CPU
+always runs the `k3_cpu_mla` chunk-only extend.)
 """
 from __future__ import annotations
 
@@ -30,9 +30,8 @@ GOAL_RATIO = 5.0
 
 @dataclass(frozen=True)
 class Point:
-    """One prompt length on one server: median prefill seconds and decode tokens/s at that context."""
+    """One prompt length: median prefill seconds and decode tokens/s at that context."""
 
-    path: str
     length: int
     prefill_s: float  # median over the rounds
     decode_tps: float  # median over the rounds
@@ -45,8 +44,6 @@ class Point:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=list(DEFAULT_LENGTHS), help="prompt lengths (tokens)")
-    parser.add_argument("--baseline-lengths", type=int, nargs="*", default=[2048, 4096],
-                        help="lengths also served with SGLang's torch_native extend (default 2048 4096; none: skip)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds over all lengths (medians are reported)")
     parser.add_argument("--decode-tokens", type=int, default=32, help="tokens generated after each prompt")
     parser.add_argument("--chunked-prefill-size", type=int, default=None, help="passed to k3 serve (default: its own)")
@@ -68,7 +65,7 @@ def _one(url: str, ids: list[int], new_tokens: int) -> tuple[float, float]:
     return prefill_s, (tokens - 1) / decode_s
 
 
-def _serve_points(path: str, lengths: list[int], args: argparse.Namespace, seed0: int) -> list[Point]:
+def _serve_points(lengths: list[int], args: argparse.Namespace, seed0: int) -> list[Point]:
     from k3_sglang.serving.process import K3ServerProcess
 
     serve = list(args.serve_args)
@@ -77,18 +74,18 @@ def _serve_points(path: str, lengths: list[int], args: argparse.Namespace, seed0
     need = max(lengths) + args.decode_tokens + 64
     if need > 131072 and "--max-total-tokens" not in serve:
         serve += ["--max-total-tokens", str(need)]
-    log = Path(tempfile.mkdtemp(prefix="k3-bench-lc-")) / f"serve-{path}.log"
+    log = Path(tempfile.mkdtemp(prefix="k3-bench-lc-")) / "serve.log"
     runs: dict[int, list[tuple[float, float]]] = {n: [] for n in lengths}
-    with K3ServerProcess(serve, log, env={"K3_MLA_EXTEND": path}) as server:
+    with K3ServerProcess(serve, log) as server:
         _one(server.url, _prompt(256, seed0 - 1), 4)  # warm-up
         for r in range(args.repeats):  # rounds over all lengths, so drift on a shared machine hits every length
             for i, length in enumerate(lengths):
                 httpx.post(server.url + "/flush_cache", timeout=60)
                 prefill_s, decode_tps = _one(server.url, _prompt(length, seed0 + 100 * r + i), args.decode_tokens)
                 runs[length].append((prefill_s, decode_tps))
-                print(f"{path:>12} round {r + 1} {length:>7} tokens: prefill {prefill_s:8.2f} s "
+                print(f"round {r + 1} {length:>7} tokens: prefill {prefill_s:8.2f} s "
                       f"({length / prefill_s:7.0f} tok/s), decode {decode_tps:6.1f} tok/s", flush=True)
-    return [Point(path, n, statistics.median(p for p, _ in runs[n]), statistics.median(d for _, d in runs[n]),
+    return [Point(n, statistics.median(p for p, _ in runs[n]), statistics.median(d for _, d in runs[n]),
                   tuple(p for p, _ in runs[n])) for n in lengths]
 
 
@@ -104,7 +101,7 @@ def fit_linear_quadratic(points: list[Point]) -> tuple[float, float]:
 
 
 def scaling_ratio(points: list[Point], short: int = 16384, long: int = 65536) -> float | None:
-    by_len = {p.length: p.prefill_s for p in points if p.path == "chunk"}
+    by_len = {p.length: p.prefill_s for p in points}
     return by_len[long] / by_len[short] if short in by_len and long in by_len else None
 
 
@@ -132,12 +129,10 @@ def kda_prefill_seconds(length: int, chunk: int, heads: int = 4, head_dim: int =
 def run(args: argparse.Namespace) -> int:
     from k3_sglang.cli import CliError
 
-    if min(args.lengths) < 16 or args.decode_tokens < 2 or args.repeats < 1 or any(n < 16 for n in args.baseline_lengths):
-        raise CliError("--lengths and --baseline-lengths must be >= 16 tokens, --decode-tokens >= 2 and --repeats >= 1")
+    if min(args.lengths) < 16 or args.decode_tokens < 2 or args.repeats < 1:
+        raise CliError("--lengths must be >= 16 tokens, --decode-tokens >= 2 and --repeats >= 1")
     started = datetime.datetime.now(datetime.timezone.utc)
-    points = _serve_points("chunk", sorted(set(args.lengths) | set(args.baseline_lengths)), args, seed0=1000)
-    baseline = _serve_points("torch_native", sorted(args.baseline_lengths), args, seed0=1000) \
-        if args.baseline_lengths else []
+    points = _serve_points(sorted(set(args.lengths)), args, seed0=1000)
     ratio = scaling_ratio(points)
     if ratio is not None:
         verdict = "met" if ratio <= GOAL_RATIO else "NOT met"
@@ -150,5 +145,5 @@ def run(args: argparse.Namespace) -> int:
     if str(args.out) != "-":
         from k3_sglang.tooling.bench.long_context_report import write_report
 
-        write_report(args, started, points, baseline, ratio, kda)
+        write_report(args, started, points, ratio, kda)
     return 0

@@ -10,7 +10,7 @@ from k3_sglang.tooling.bench.long_context import GOAL_RATIO, Point, fit_linear_q
 from k3_sglang.tooling.bench.serve import _machine
 
 
-def _plot(points: list[Point], baseline: list[Point], a: float, b: float, path: Path) -> None:
+def _plot(points: list[Point], a: float, b: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -18,10 +18,7 @@ def _plot(points: list[Point], baseline: list[Point], a: float, b: float, path: 
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [p.length for p in points]
-    ax.plot(xs, [p.prefill_s for p in points], "o-", label="chunk-only MLA extend (measured)")
-    if baseline:
-        ax.plot([p.length for p in baseline], [p.prefill_s for p in baseline], "s-", color="tab:red",
-                label="SGLang torch_native extend (measured)")
+    ax.plot(xs, [p.prefill_s for p in points], "o-", label="SGLang's K3, k3_cpu_mla chunk-only extend (measured)")
     grid = [xs[0] + (xs[-1] - xs[0]) * i / 50 for i in range(51)]
     ax.plot(grid, [a * x for x in grid], ":", color="gray", label=f"fit: linear part {a * 1e3:.3f} ms/token")
     ax.plot(grid, [a * x + b * x * x for x in grid], "--", color="tab:blue", alpha=0.5, label="fit: a L + b L^2")
@@ -35,27 +32,19 @@ def _plot(points: list[Point], baseline: list[Point], a: float, b: float, path: 
     plt.close(fig)
 
 
-def write_report(args: argparse.Namespace, started: datetime.datetime, points: list[Point], baseline: list[Point],
-                 ratio: float | None, kda: dict[int, float]) -> None:
+def write_report(args: argparse.Namespace, started: datetime.datetime, points: list[Point], ratio: float | None,
+                 kda: dict[int, float]) -> None:
     a, b = fit_linear_quadratic(points)
     plot = args.out.with_suffix(".png")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    _plot(points, baseline, a, b, plot)
+    _plot(points, a, b, plot)
     rows = ["| length (tokens) | prefill (s), median | rounds (s) | prefill (tok/s) | decode at that context (tok/s) | "
             "quadratic share of the fit |", "|---|---|---|---|---|---|"]
     for p in points:
         quad = b * p.length ** 2 / (a * p.length + b * p.length ** 2)
         each = ", ".join(f"{x:.1f}" for x in p.prefill_runs)
         rows.append(f"| {p.length:,} | {p.prefill_s:.2f} | {each} | {p.prefill_tps:,.0f} | {p.decode_tps:.1f} | {quad:.0%} |")
-    base_rows = []
-    chunk_at = {p.length: p for p in points}
-    for p in baseline:
-        ours = chunk_at.get(p.length)
-        speedup = f"{p.prefill_s / ours.prefill_s:.1f}x" if ours else "-"
-        base_rows.append(f"| {p.length:,} | {p.prefill_s:.2f} | {ours.prefill_s:.2f} | {speedup} |" if ours else
-                         f"| {p.length:,} | {p.prefill_s:.2f} | - | - |")
     cmd = "k3 bench long-context --lengths " + " ".join(map(str, args.lengths))
-    cmd += " --baseline-lengths " + (" ".join(map(str, args.baseline_lengths)) or "")
     cmd += f" --decode-tokens {args.decode_tokens} --repeats {args.repeats}"
     if args.chunked_prefill_size:
         cmd += f" --chunked-prefill-size {args.chunked_prefill_size}"
@@ -70,13 +59,13 @@ Measured {started:%Y-%m-%d %H:%M} UTC on {_machine()} (1-min load average at the
 
 Command: `{cmd}`
 
-Model: the embedded default (tiny K3 with random weights, bf16 unless `--dtype` was passed, SGLang 0.5.23 on CPU
-through the k3_cpu platform plugin, `k3 serve` defaults otherwise). Each length is one fresh random prompt (no
+Model: the embedded default (tiny K3 with random weights, bf16 unless `--dtype` was passed, served by SGLang's own
+K3 (0.5.23) on CPU through the k3_cpu platform plugin, `k3 serve` defaults otherwise). Each length is one fresh random prompt (no
 radix-cache hit; the cache is flushed between lengths) sent as a streamed greedy request; prefill time is the
 time to the first token, decode is the streamed rate of the {args.decode_tokens} tokens after it. {args.repeats} rounds over
 all lengths on the same server, medians reported (this VM's timings vary run to run; the rounds column shows how much).
 
-## Chunk-only MLA extend (`K3_MLA_EXTEND=chunk`, the default)
+## Prefill and decode by prompt length (the `k3_cpu_mla` backend's chunk-only MLA extend)
 
 {chr(10).join(rows)}
 
@@ -88,12 +77,6 @@ column is the fit's quadratic share at each length.
 
 ![prefill time vs prompt length]({plot.name})
 
-## Side by side with SGLang's torch_native extend (same run, second server)
-
-| length (tokens) | torch_native prefill (s) | chunk-only prefill (s) | speed-up |
-|---|---|---|---|
-{chr(10).join(base_rows) if base_rows else "| - | not run (--baseline-lengths none) | - | - |"}
-
 ## KDA chunked prefill alone
 
 One KDA layer at k3-tiny's geometry (4 heads x 32), in the bench process, fed in prefill chunks of
@@ -101,5 +84,14 @@ One KDA layer at k3-tiny's geometry (4 heads x 32), in the bench process, fed in
 25,000 tokens {kda[25_000]:.2f} s, 100,000 tokens {kda[100_000]:.2f} s: **{kda[100_000] / kda[25_000]:.2f}x** for 4x the
 tokens (linear: 4x).
 """
-    args.out.write_text(text)
+    args.out.write_text(text + _history(args.out))
     print(f"wrote {args.out} and {plot}")
+
+
+HISTORY = "\n## History"
+
+
+def _history(out: Path) -> str:
+    """The hand-written `## History` section of the report being replaced (earlier runs), kept below the new run."""
+    old = out.read_text() if out.exists() else ""
+    return old[old.index(HISTORY):] if HISTORY in old else ""
