@@ -1,12 +1,13 @@
 """SGLang's HiCache under `k3 serve --tp-size 2 --dcp-size 2` (CPU, SGLang's K3 on its k3_dcp_mla backend, float32): each rank keeps its stripe
 of the MLA latent pages (logical slot s on rank s % 2) and its own KDA states (its heads) in its host pool, and
-round-robin agent sessions on a device pool too small for them resume from the host tier (L2) or from the file
-backend (L3, one object per DCP rank), every greedy answer token-identical to a TP1 server with HiCache off and to a
-DCP2 server with HiCache off (which recomputes every resumed turn).
+round-robin agent sessions on a device pool too small for them resume from the host tier (L2), from the file
+backend (L3, one object per DCP rank) or from the Mooncake store (L3 over a loopback master), every greedy answer
+token-identical to a TP1 server with HiCache off and to a DCP2 server with HiCache off (which recomputes every
+resumed turn). The same at `--tp-size 4 --dcp-size 4` with the host and file tiers together.
 
 Under DCP `k3 serve` runs the extra_buffer KDA prefix cache (docs/parallel.md), which SGLang's hybrid HiCache backs
 up per track slot; a resumed turn matches up to its last tracked state (every `--mamba-track-interval` = 256 tokens
-here), not its whole history as no_buffer does at TP1. Slow tier: six server starts, 42 requests (wall time in
+here), not its whole history as no_buffer does at TP1. Slow tier: eight server starts, 66 requests (wall time in
 docs/sessions.md). The per-rank host layout is checked bit for bit below the server in
 tests/unit/test_hicache_dcp_host_pages.py.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 
+from k3_sglang.hicache.mooncake_master import LoopbackMooncakeMaster
 from tests.e2e.session_checks import (
     BASE_ARGS,
     DEVICE_POOL,
@@ -33,7 +35,13 @@ DCP = 2
 TRACK_INTERVAL = 256  # SGLang's default --mamba-track-interval: extra_buffer keeps a KDA state every 256 tokens
 # --max-total-tokens counts one rank's rows; under DCP2 the logical device pool is twice that, DEVICE_POOL tokens
 # as in the TP1 tests (about one session), so the next round-robin turn finds its session evicted.
-DCP2 = ["--tp-size", "2", "--dcp-size", str(DCP), "--max-total-tokens", str(DEVICE_POOL // DCP)]
+
+
+def _dcp(size: int) -> list[str]:
+    return ["--tp-size", str(size), "--dcp-size", str(size), "--max-total-tokens", str(DEVICE_POOL // size)]
+
+
+DCP2 = _dcp(DCP)
 L2_TRAFFIC = traffic(3, 2)  # the host tier (2 x the per-rank pool on each rank) holds all three
 L3_TRAFFIC = traffic(6, 2)  # six fall out of the host tier too and come back from the files
 
@@ -90,19 +98,49 @@ def test_dcp2_sessions_resumed_from_the_host_tier_match_hicache_off(tiny_dir, tm
     assert matches(records, tp1_answers)
 
 
-def test_dcp2_sessions_resumed_from_file_storage_match_hicache_off(tiny_dir, tmp_path_factory, tp1_answers):
-    storage = tmp_path_factory.mktemp("l3-file-dcp2")
-    server = serve(tiny_dir, tmp_path_factory, "serve-dcp2-l3-file",
-                   _dcp_args(HICACHE + ["--hicache-storage-backend", "file"]),
+def _file_tier_run(tiny_dir, tmp_path_factory, dcp: int, tp1_answers) -> None:
+    """L3_TRAFFIC on a TP=DCP=dcp server with the host and file tiers: every resumed turn from storage, one
+    latent-page object and one KDA-state object per rank, answers equal to TP1's."""
+    storage = tmp_path_factory.mktemp(f"l3-file-dcp{dcp}")
+    server = serve(tiny_dir, tmp_path_factory, f"serve-dcp{dcp}-l3-file",
+                   _dcp(dcp) + HICACHE + ["--hicache-storage-backend", "file"],
                    env={"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(storage)})
     try:
         records = run(server, L3_TRAFFIC)
+        log = server.log_tail(10 ** 7)
     finally:
         server.stop()
+    assert log.count("hicache_attached=True") == dcp  # one host pool stack per rank
     names = [p.name for p in storage.iterdir()]
-    for rank in range(DCP):  # one latent-page object and one KDA-state object per rank
-        assert any(f"_tp{DCP}_dcp{rank}_{DCP}_" in n and ".mamba" not in n for n in names), names[:8]
-        assert any(".mamba" in n and f"_{rank}_{DCP}_tp{DCP}_dcp{rank}_{DCP}_" in n for n in names), names[:8]
+    for rank in range(dcp):  # one latent-page object and one KDA-state object per rank
+        assert any(f"_tp{dcp}_dcp{rank}_{dcp}_" in n and ".mamba" not in n for n in names), names[:8]
+        assert any(".mamba" in n and f"_{rank}_{dcp}_tp{dcp}_dcp{rank}_{dcp}_" in n for n in names), names[:8]
+    assert_resumed_within_a_track_interval(records, "storage")
+    assert matches(records, tp1_answers)
+
+
+def test_dcp2_sessions_resumed_from_file_storage_match_hicache_off(tiny_dir, tmp_path_factory, tp1_answers):
+    _file_tier_run(tiny_dir, tmp_path_factory, DCP, tp1_answers)
+
+
+def test_dcp4_sessions_resumed_from_host_and_file_storage_match_tp1(tiny_dir, tmp_path_factory, tp1_answers):
+    """Issue 42's width: four ranks, each with its stripe in its host pool and its own objects in the file tier."""
+    _file_tier_run(tiny_dir, tmp_path_factory, 4, tp1_answers)
+
+
+def test_dcp2_sessions_resumed_from_the_mooncake_store_match_hicache_off(tiny_dir, tmp_path_factory, tp1_answers):
+    """The Mooncake store under DCP2 (a loopback master; each rank writes its own pages): resumed turns come back
+    from storage with TP1's answers."""
+    master = LoopbackMooncakeMaster(tmp_path_factory.mktemp("mooncake-dcp2") / "master.log").start()
+    server = None
+    try:
+        server = serve(tiny_dir, tmp_path_factory, "serve-dcp2-l3-mooncake",
+                       _dcp_args(HICACHE + ["--hicache-storage-backend", "mooncake"]), env=master.client_env())
+        records = run(server, L3_TRAFFIC)
+    finally:
+        if server is not None:
+            server.stop()
+        master.stop()
     assert_resumed_within_a_track_interval(records, "storage")
     assert matches(records, tp1_answers)
 

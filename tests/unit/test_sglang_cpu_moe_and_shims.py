@@ -136,8 +136,13 @@ def test_only_the_triton_runner_loses_its_fused_function():
     assert shims.no_fused_triton_moe(lambda *a: "fused", "none", "deep_gemm") == "fused"
 
 
-def test_small_linear_shim_takes_small_bf16_cpu_linears_and_leaves_the_rest_to_sglang():
+@pytest.mark.parametrize("native_bf16", [True, False], ids=["amx-or-avx512bf16", "avx2-only"])
+def test_small_linear_shim_takes_small_bf16_cpu_linears_and_leaves_the_rest_to_sglang(monkeypatch, native_bf16):
     from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+
+    from k3_sglang.sglang_cpu import fast_ops
+
+    monkeypatch.setattr(fast_ops, "native_reduced_gemm", lambda dtype: native_bf16)
 
     method = UnquantizedLinearMethod()
     seen = []
@@ -146,10 +151,15 @@ def test_small_linear_shim_takes_small_bf16_cpu_linears_and_leaves_the_rest_to_s
     x = torch.randn(4, 32).bfloat16()
     got = shims.small_linear(original, method, small, x)
     assert_close("small linear shim", x.double() @ small.weight.double().t(), got, 1e-2)
-    big = types.SimpleNamespace(weight=torch.zeros(1024, 1024, dtype=torch.bfloat16))
-    assert shims.small_linear(original, method, big, torch.zeros(1, 1024, dtype=torch.bfloat16)) == "sglang"
+    big = types.SimpleNamespace(weight=torch.randn(1024, 1024).bfloat16())
+    x_big = torch.randn(1, 1024).bfloat16()
+    got_big = shims.small_linear(original, method, big, x_big)
+    if native_bf16:  # oneDNN's bf16 GEMM wins at this size
+        assert got_big == "sglang"
+    else:  # without a native bf16 GEMM every copyable weight runs in float32 here
+        assert_close("big linear in float32", x_big.double() @ big.weight.double().t(), got_big, 1e-2)
     assert shims.small_linear(original, method, small, torch.zeros(4, 32)) == "sglang"  # float32 activations
-    assert seen == ["sglang", "sglang"]
+    assert seen == ["sglang", "sglang"] if native_bf16 else ["sglang"]
 
 
 def test_dense_experts_on_bf16_activations_compute_in_float32_and_round_once():
