@@ -169,10 +169,29 @@ def cpu_hicache_refusals(args, environ: dict[str, str] | None = None) -> list[st
         reasons.append(f"--hicache-storage-backend {backend}: not available on CPU "
                        f"(tested: {', '.join(CPU_STORAGE_BACKENDS)})")
     if backend == "mooncake":
-        reasons += mooncake_refusals(environ)
+        reasons += mooncake_refusals(environ) + mooncake_dcp_refusals(args)
     if backend == "file":
         reasons += file_storage_refusals(args, environ)
     return reasons + radix_refusals(args)
+
+
+# SGLang releases whose MooncakeStore cannot start under DCP (docs/sglang-bugs.md, 3)
+MOONCAKE_DCP_BROKEN = ("0.5.23",)
+
+
+def mooncake_dcp_refusals(args, version: str | None = None) -> list[str]:
+    """The Mooncake store under `--dcp-size > 1` on an SGLang whose `describe_l3_object_layout` probes with the
+    physical host page (every scheduler dies on an assertion at start): refused with the reason instead."""
+    dcp = int(getattr(args, "dcp_size", 1) or 1)
+    if version is None:
+        import sglang
+
+        version = sglang.__version__
+    if dcp <= 1 or version not in MOONCAKE_DCP_BROKEN:
+        return []
+    return [f"--hicache-storage-backend mooncake with --dcp-size {dcp}: SGLang {version}'s Mooncake store fails at "
+            "start under DCP (its L3 layout probe uses the physical page; docs/sglang-bugs.md, 3); use the file "
+            "backend under DCP"]
 
 
 def radix_refusals(args) -> list[str]:

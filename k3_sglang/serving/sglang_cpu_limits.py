@@ -139,9 +139,35 @@ def _quantization(args) -> list[str]:
     return [problem] if problem else []
 
 
+def _mxfp4_expert_split(args) -> list[str]:
+    """MXFP4 routed experts whose per-rank intermediate slice (moe_intermediate / (TP / EP)) splits a scale group:
+    each rank's w2 then reads scales of another rank's columns, and the answers are wrong (TP4 without EP on
+    k3-tiny: 64 / 4 = 16 < 32, caught end to end against TP1, 2026-12-07)."""
+    from k3_sglang.config import K3Config
+
+    tp, ep = int(getattr(args, "tp_size", 1) or 1), int(getattr(args, "ep_size", 1) or 1)
+    path = getattr(args, "model_path", None)
+    if tp <= 1 or not path:
+        return []
+    try:
+        cfg = K3Config.from_json(path)
+    except (OSError, ValueError):
+        return []  # an unreadable config is reported by --model-path validation
+    moe_tp = max(1, tp // ep)
+    width, group = cfg.moe.moe_intermediate_size, cfg.quant.group_size
+    if not cfg.quant.experts_mxfp4 or (width % moe_tp == 0 and (width // moe_tp) % group == 0):
+        return []
+    ok = [e for e in range(1, tp + 1) if tp % e == 0 and (width // (tp // e)) % group == 0 and width % (tp // e) == 0]
+    return [f"--tp-size {tp} with --ep-size {ep}: each rank's slice of the MXFP4 routed experts' intermediate "
+            f"({width} / {moe_tp} = {width / moe_tp:g}) is not a multiple of the {group}-element scale group; use "
+            f"--ep-size {ok[0] if ok else tp} (experts whole per rank) or a smaller --tp-size"]
+
+
 RULES = (
     Rule("a checkpoint quantization other than none or MXFP4 routed experts (the CPU MoE runner upcasts MXFP4 only)",
          _quantization),
+    Rule("MXFP4 routed experts split by `--tp-size` / `--ep-size` below their 32-element scale group (each rank's "
+         "slice of the expert intermediate must be a multiple of it; raise `--ep-size`)", _mxfp4_expert_split),
     Rule("`--mamba-radix-cache-strategy no_buffer` with the radix cache on under `--dcp-size` > 1 (DCP's radix pages "
          "need extra_buffer's snapshots, `k3 serve`'s default there; or `--disable-radix-cache`)", _dcp_prefix_cache),
     Rule("K3_CSV where [spec.md](spec.md) says it cannot run (the verify contract, PP with PD, "

@@ -1,5 +1,5 @@
 """TP and DCP at the sizes too slow for the default run (slow: `make test-slow`), each against the TP1 server of
-conftest.py with the same chunks and per-rank pool: TP2 alone and TP4/DCP4 (all-to-all merge) on a 4K-token prompt,
+conftest.py with the same chunks and per-rank pool: TP2 alone and TP4/EP4/DCP4 (all-to-all merge) on a 4K-token prompt,
 8 concurrent requests and prefix-cache hits, and TP8/DCP8 (eight ranks on two cores) on a k3-tiny variant with 8 KDA and 8 MLA heads:
 it starts, answers greedily like TP1 of the same checkpoint and reports 8x the logical KV of one rank's pool."""
 from __future__ import annotations
@@ -20,7 +20,9 @@ STARTUP_S = float(os.environ.get("K3_TEST_STARTUP_S", "400"))
 
 @pytest.mark.parametrize("name,extra,factor", [
     ("tp2", ["--tp-size", "2"], 1),
-    ("tp4-dcp4", ["--tp-size", "4", "--dcp-size", "4", "--dcp-comm-backend", "a2a"], 4),
+    # --ep-size 4: k3-tiny's 64-wide MXFP4 experts split four ways would cut their 32-element scale groups
+    # (sglang_cpu_limits refuses TP4 without EP on it)
+    ("tp4-ep4-dcp4", ["--tp-size", "4", "--ep-size", "4", "--dcp-size", "4", "--dcp-comm-backend", "a2a"], 4),
 ])
 def test_parallel_server_matches_tp1(server, reference, tiny_dir, tmp_path_factory, name, extra, factor):
     proc = start_server(tiny_dir, tmp_path_factory, f"serve-{name}", extra)

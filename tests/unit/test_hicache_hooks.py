@@ -239,3 +239,15 @@ def test_storage_name_target_still_takes_the_name_and_pool_and_keys_every_backen
     assert list(inspect.signature(cache_controller.storage_model_name).parameters) == ["model_name", "host_pool"]
     source = inspect.getsource(cache_controller.HiCacheController._generate_storage_config)
     assert "storage_model_name(model_name, self.storage_host_pool)" in source and "model_name=model_name" in source
+
+
+def test_mooncake_under_dcp_is_refused_on_the_sglang_whose_store_cannot_start_there():
+    """docs/sglang-bugs.md, 3: SGLang 0.5.23's Mooncake store dies at start under DCP; `k3 serve` says so instead."""
+    from k3_sglang.hicache.serve_flags import mooncake_dcp_refusals
+
+    config = {"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": "/x.json"}  # a master that needs no probe here
+    reasons = cpu_hicache_refusals(_args(hicache_storage_backend="mooncake", dcp_size=2), config)
+    assert len(reasons) == 1 and "--dcp-size 2" in reasons[0] and "sglang-bugs.md, 3" in reasons[0]
+    assert cpu_hicache_refusals(_args(hicache_storage_backend="mooncake", dcp_size=1), config) == []
+    assert mooncake_dcp_refusals(_args(dcp_size=2), version="0.5.24") == []  # a fixed release serves it
+    assert cpu_hicache_refusals(_args(hicache_storage_backend="file", dcp_size=2)) == []

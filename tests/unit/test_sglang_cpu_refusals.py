@@ -27,6 +27,8 @@ REFUSED = [
     (["--pp-size", "8"], "--pp-size 8: pipeline parallelism"),
     (["--dcp-size", "8"], "--dcp-size 8: decode context parallelism"),
     (["--tp-size", "4", "--ep-size", "8"], "--ep-size 8: expert parallelism"),
+    (["--tp-size", "4"], "--tp-size 4 with --ep-size 1: each rank's slice of the MXFP4 routed experts' intermediate "
+                         "(64 / 4 = 16) is not a multiple of the 32-element scale group; use --ep-size 2"),
     (["--dp-size", "2"], "--dp-size 2: data-parallel replicas"),
     (["--attention-backend", "triton"], "--attention-backend triton: K3's MLA runs on the k3_cpu_mla or k3_dcp_mla backend"),
     (["--decode-attention-backend", "flashinfer"], "--decode-attention-backend flashinfer"),
@@ -53,7 +55,7 @@ def test_each_refusal_exits_2_naming_the_flag(cpu_sglang, capsys, flags, reason)
 
 
 def test_every_reason_is_listed_at_once(cpu_sglang, capsys):
-    assert main(["serve", "--tp-size", "8", "--attention-backend", "triton", "--enable-torch-compile"]) == 2
+    assert main(["serve", "--pp-size", "8", "--attention-backend", "triton", "--enable-torch-compile"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n  - ") == 3
 
