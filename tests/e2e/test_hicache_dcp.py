@@ -134,7 +134,8 @@ def test_dcp4_sessions_resumed_from_host_and_file_storage_match_tp1(tiny_dir, tm
 @pytest.mark.xfail(strict=True, raises=RuntimeError,
                    reason="SGLang 0.5.23 bug (docs/sglang-bugs.md, 3): MooncakeStore.describe_l3_object_layout sizes "
                           "its probe page by the physical host page while _batch_preprocess expects the widened DCP "
-                          "page, so every scheduler fails an assertion at start under --dcp-size > 1")
+                          "page, so every scheduler fails an assertion at start under --dcp-size > 1; `k3 serve` "
+                          "refuses it on that release (exit 2), and a fixed release turns this into a pass")
 def test_dcp2_sessions_resumed_from_the_mooncake_store_match_hicache_off(tiny_dir, tmp_path_factory, tp1_answers):
     """The Mooncake store under DCP2 (a loopback master; each rank writes its own pages): resumed turns come back
     from storage with TP1's answers."""
