@@ -127,15 +127,21 @@ def spec_refusals(args) -> list[str]:
     return reasons
 
 
-def _quantization(args) -> list[str]:
-    """A checkpoint quantization the CPU path does not load (its config.json, when readable)."""
+def _checkpoint(args):
+    """The K3Config of args' --model-path, or None (no path, or unreadable: --model-path validation reports that)."""
     from k3_sglang.config import K3Config
 
     path = getattr(args, "model_path", None)
     try:
-        problem = K3Config.from_json(path).quant.cpu_problem() if path else None
+        return K3Config.from_json(path) if path else None
     except (OSError, ValueError):
-        return []  # an unreadable config is reported by --model-path validation
+        return None
+
+
+def _quantization(args) -> list[str]:
+    """A checkpoint quantization the CPU path does not load (its config.json, when readable)."""
+    cfg = _checkpoint(args)
+    problem = cfg.quant.cpu_problem() if cfg is not None else None
     return [problem] if problem else []
 
 
@@ -143,24 +149,22 @@ def _mxfp4_expert_split(args) -> list[str]:
     """MXFP4 routed experts whose per-rank intermediate slice (moe_intermediate / (TP / EP)) splits a scale group:
     each rank's w2 then reads scales of another rank's columns, and the answers are wrong (TP4 without EP on
     k3-tiny: 64 / 4 = 16 < 32, caught end to end against TP1, 2026-12-07)."""
-    from k3_sglang.config import K3Config
-
     tp, ep = int(getattr(args, "tp_size", 1) or 1), int(getattr(args, "ep_size", 1) or 1)
-    path = getattr(args, "model_path", None)
-    if tp <= 1 or not path:
+    cfg = _checkpoint(args) if tp > 1 else None
+    if cfg is None or not cfg.quant.experts_mxfp4:
         return []
-    try:
-        cfg = K3Config.from_json(path)
-    except (OSError, ValueError):
-        return []  # an unreadable config is reported by --model-path validation
-    moe_tp = max(1, tp // ep)
     width, group = cfg.moe.moe_intermediate_size, cfg.quant.group_size
-    if not cfg.quant.experts_mxfp4 or (width % moe_tp == 0 and (width // moe_tp) % group == 0):
+
+    def whole_groups(moe_tp: int) -> bool:
+        return width % moe_tp == 0 and (width // moe_tp) % group == 0
+
+    moe_tp = max(1, tp // ep)
+    if whole_groups(moe_tp):
         return []
-    ok = [e for e in range(1, tp + 1) if tp % e == 0 and (width // (tp // e)) % group == 0 and width % (tp // e) == 0]
+    fix = next((e for e in range(1, tp + 1) if tp % e == 0 and whole_groups(tp // e)), tp)
     return [f"--tp-size {tp} with --ep-size {ep}: each rank's slice of the MXFP4 routed experts' intermediate "
             f"({width} / {moe_tp} = {width / moe_tp:g}) is not a multiple of the {group}-element scale group; use "
-            f"--ep-size {ok[0] if ok else tp} (experts whole per rank) or a smaller --tp-size"]
+            f"--ep-size {fix} (experts whole per rank) or a smaller --tp-size"]
 
 
 RULES = (
