@@ -83,34 +83,10 @@ def _hicache_fault_hooks():
     return [h for h in hooks.installed_hooks(fault="corrupt-restored-kda") if h[0] not in always]
 
 
-def _session_eviction_hooks():
-    from k3_sglang.hicache import session_eviction_hooks
-
-    return session_eviction_hooks.installed_hooks()
-
-
 def _sglang_cpu_hooks():
     from k3_sglang.sglang_cpu import hooks
 
     return hooks.installed_hooks()
-
-
-def _kv_event_hooks():
-    from k3_sglang.serving import kv_event_hooks
-
-    return kv_event_hooks.installed_hooks()
-
-
-def _kv_event_tier_hooks():
-    from k3_sglang.serving import kv_event_tiers
-
-    return kv_event_tiers.installed_hooks()
-
-
-def _retention_hooks():
-    from k3_sglang.serving import retention
-
-    return retention.installed_hooks()
 
 
 def _dcp_mla_hooks():
@@ -135,21 +111,12 @@ HOOK_SETS = (
             "until a K3_CSV worker of a TP1/PP1 server takes it)", _plain_path_hooks, "tests/spec/test_plain_path.py"),
     HookSet("k3_sglang.sglang_cpu.hooks", "k3_cpu platform", _sglang_cpu_hooks,
             "tests/unit/test_sglang_cpu_hooks.py"),
-    HookSet("k3_sglang.serving.kv_event_hooks", "every `k3 serve` process (K3_SERVE_HOOKS)", _kv_event_hooks,
-            "tests/unit/test_kv_event_hooks.py"),
-    HookSet("k3_sglang.serving.kv_event_tiers", "every `k3 serve` process (K3_SERVE_HOOKS); acts with HiCache on",
-            _kv_event_tier_hooks, "tests/unit/test_kv_event_tiers.py"),
-    HookSet("k3_sglang.serving.retention", "every `k3 serve` process (K3_SERVE_HOOKS)", _retention_hooks,
-            "tests/unit/test_kv_event_hooks.py"),
     HookSet("k3_sglang.dcp_mla.plugin", "GPU host, SGLang's own K3 under --dcp-size > 1", _dcp_mla_hooks,
             "tests/unit/test_dcp_mla_hooks.py"),
     HookSet("k3_sglang.hicache.hooks", "k3_cpu platform", _hicache_hooks,
             "tests/unit/test_hicache_hooks.py"),
     HookSet("k3_sglang.hicache.hooks", "as above, only with K3_HICACHE_FAULT=corrupt-restored-kda (tests' sabotage)",
             _hicache_fault_hooks, "tests/unit/test_hicache_hooks.py"),
-    HookSet("k3_sglang.hicache.session_eviction_hooks",
-            "k3_cpu platform with HiCache, K3_HICACHE_EVICTION=sessions (opt-in; SGLang's Python TreeCore)",
-            _session_eviction_hooks, "tests/unit/test_hicache_session_eviction.py"),
     HookSet("k3_sglang.serving.step_timing", "any process with K3_STEP_TIMING set (`k3 bench plain-decode`)",
             _step_timing_hooks, "tests/unit/test_step_timing.py"),
 )
@@ -176,6 +143,14 @@ REGISTRIES = (
     ("ready line", "http_server.launch_server(..., launch_callback=...)", "k3_sglang.serving.launch"),
     ("MLA KV pool reading CPU rows in torch", "SRTPlatform.get_kv_pool_cls(kind='mla')", "k3_sglang.platform_cpu"),
     ("compressed-tensors config accepting float32", "SRTPlatform.get_quantization_config", "k3_sglang.platform_cpu"),
+    ("CPU forms of the unquantized linear method and the gated RMSNorm", "SRTPlatform.post_load_model",
+     "k3_sglang.platform_cpu"),
+    ("radix-cache backend `k3` (KDA checkpoint events, retention, session eviction; `--radix-cache-backend k3`)",
+     "mem_cache.registry.register_radix_cache_backend, create_unified_radix_cache(cache_class=...)",
+     "k3_sglang.serving.radix_cache"),
+    ("TreeCore `k3_sessions` (the host tier's session eviction, one cache's own core)",
+     "tree_core_registry.register_tree_core_backend, CacheInitParams.tree_core_backend",
+     "k3_sglang.serving.radix_cache"),
 )
 
 

@@ -14,7 +14,6 @@ _GROUP = "sglang.srt.distributed.parallel_state.GroupCoordinator"
 _DCP_KERNELS = "sglang.kernels.ops.attention.dcp_kernels"
 _PP = "sglang.srt.managers.scheduler_pp_mixin"
 _POOL_HOST = "sglang.srt.mem_cache.pool_host"
-_URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 
 _COLLECTIVE = ("the custom op `reg_{op}`, which has no CPU kernel; the `_is_cpu` branch is taken only under "
                "SGLANG_USE_CPU_ENGINE (the Xeon engine), and the platform's `get_communicator_class` is marked "
@@ -102,34 +101,15 @@ NO_PUBLIC_SEAM: dict[str, str] = {
     f"{_KDA}.causal_conv1d_update":
         "its decode conv is swapped at import only for NPU or `is_cpu()` (sgl_kernel's AMX op); an out-of-tree "
         "platform cannot choose it",
-    "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward":
-        "FusedRMSNormGated is a plain nn.Module, not a BaseFusedOp, so `register_oot_forward` and "
-        "`forward_<dispatch_key>` do not apply; its CPU branch needs sgl_kernel AMX",
     "sglang.srt.layers.attn_residual._mix_fused":
         "the AttnRes mix chooses NPU or Triton inside a module function; no BaseFusedOp or platform method lets a "
         "CPU implementation in",
     "sglang.srt.layers.moe.moe_runner.base.FusedOpPool.get_fused_func":
         "`register_fused_func` refuses a second entry, SGLang registers ('none', 'triton') itself, and MoeRunner "
         "prefers the fused function over our registered runner core",
-    "sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply":
-        "an unquantized layer's method is built directly by LinearBase, not looked up in the quantization "
-        "registry; its CPU branch is sgl_kernel's AMX weight_packed_linear (absent here), otherwise plain F.linear",
     "sglang.srt.mem_cache.allocation.get_last_loc":
         "it picks Triton by attention-backend name (only 'ascend'/'torch_native' go torch), not by "
         "`capabilities.supports_triton`, which our platform already answers False",
-    # -- every `k3 serve` process (K3_SERVE_HOOKS): KDA events and retention ---------------------------------------------
-    f"{_URC}.insert":
-        "KDA checkpoint events need the tree's insert result; SGLang's KV events carry only token blocks and "
-        "`register_publisher` sees events after they are built",
-    f"{_URC}.take_events":
-        "our KDA events must join the same queue the scheduler drains; `EventPublisherFactory` publishes that "
-        "queue but cannot add to it",
-    f"{_URC}._execute_kv_backup":
-        "SGLang's KV events record device blocks only; a node's KDA state copied to host slots raises no event, and "
-        "the backup's host slot ids exist only inside this call",
-    f"{_URC}.load_back":
-        "a host-to-device load-back publishes no KV event and reports only success; the device state slot it gives "
-        "the node is known only once the call returns",
     # -- HiCache on the k3_cpu platform -----------------------------------------------------------------------------------
     f"{_POOL_HOST}.base.HostKVCache.__init__":
         "MLA host pools default to `pin_memory=True` and the assembler passes no pin choice (the platform's "
@@ -152,10 +132,6 @@ NO_PUBLIC_SEAM: dict[str, str] = {
     f"{_POOL_HOST}.mamba.MambaPoolHost.load_to_device_per_layer":
         "tests' sabotage only (K3_HICACHE_FAULT): a fault injected inside SGLang's own restore path, which no "
         "public seam exposes by design",
-    "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore.drive_host_eviction":
-        "the host tier's victims come from `--radix-eviction-policy` (a fixed choice list, one priority per node "
-        "for both tiers; `_EVICTION_POLICY_FACTORIES` is read only by argparse-checked names) and the MAMBA host "
-        "pass ignores it (plain LRU); no seam orders host victims by session",
     # -- K3_CSV's plain path (spec/plain_path.py), any platform ---------------------------------------------------------
     "sglang.srt.managers.scheduler.Scheduler.update_running_batch":
         "a batch's speculative or plain path is fixed by `ScheduleBatch.spec_algorithm`, which the scheduler copies "
@@ -165,9 +141,6 @@ NO_PUBLIC_SEAM: dict[str, str] = {
     "sglang.srt.managers.scheduler.Scheduler.run_batch":
         "the event loops call `run_batch` directly and the Scheduler offers no per-step callback or plugin slot; "
         "its metrics are aggregates, not one record per decode step with its start time",
-    "sglang.srt.managers.scheduler.Scheduler.process_batch_result":
-        "result processing time is not exposed by any metric or callback, and it is the host work the step timer "
-        "must separate from the forward",
     "sglang.srt.model_executor.model_runner.ModelRunner.forward":
         "`--forward-hooks` time model modules only, not ModelRunner's metadata and backend preparation, which the "
         "step timer's 'fwd' includes",

@@ -56,6 +56,13 @@ class K3CpuPlatform(CpuDeviceMixin, SRTPlatform):
 
         return K3CpuCompressedTensorsConfig if quantization == METHOD else None
 
+    def post_load_model(self, model) -> None:
+        """SGLang's seam after the weights load: the CPU forms of its unquantized linear method and gated RMSNorm
+        (sglang_cpu/cpu_layers.py)."""
+        from k3_sglang.sglang_cpu.cpu_layers import adopt
+
+        adopt(model)
+
     def support_mamba_cache_extra_buffer(self) -> bool:
         # SGLang's KDA backend writes its track-slot snapshots (the decode-time tracking in torch:
         # dcp_mla/cpu_kernels.py); the scheduler's one pinned copy on that path is made pageable by platform_hooks (3).

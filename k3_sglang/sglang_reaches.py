@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KINDS = ("SCOPED_SETATTR", "SETATTR", "PRIVATE_EDIT", "PRIVATE_READ", "ATTR_ADD", "FIELD_WRITE", "SUBCLASS",
-         "ENUM_REUSE", "ENV", "SIGNATURE_BIND")
+         "OVERRIDE", "ENUM_REUSE", "ENV", "SIGNATURE_BIND")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ _MO = "sglang.srt.arg_groups.model_override_base._MODEL_OVERRIDE_FNS"
 _URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 _KDA = "sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher"
 _DCP = "k3_sglang.dcp_mla.overrides"
+_UTC = "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore"
+_RC, T_RC = "k3_sglang.serving.radix_cache", "tests/unit/test_radix_cache.py"
 T_PLAT, T_DCP, T_HIC = "tests/unit/test_platform_hooks.py", "tests/unit/test_dcp_mla_hooks.py", \
     "tests/unit/test_hicache_hooks.py"
 T_KV, T_CPU, T_SPEC = "tests/unit/test_kv_event_hooks.py", "tests/unit/test_sglang_cpu_moe_and_shims.py", \
@@ -120,10 +122,6 @@ REACHES = (
           "run_server's mode flags are read to send every other mode to run_server itself",
           fingerprint=("sglang.srt.entrypoints.http_server.launch_server", "sglang.launch_server.run_server")),
     # -- attributes added to SGLang objects, fields written ----------------------------------------------------------
-    Reach(f"{_URC}._k3_kda_event_log", "ATTR_ADD", "k3_sglang.serving.kv_event_hooks", "private", T_KV,
-          "per-cache log of KDA checkpoint events, kept in the cache object's __dict__", (_URC,)),
-    Reach(f"{_URC}._k3_retention_book", "ATTR_ADD", "k3_sglang.serving.retention", "private", T_KV,
-          "per-cache book of retained sessions, kept in the cache object's __dict__", (_URC,)),
     Reach(f"{_KDA}.__init__", "FIELD_WRITE", "k3_sglang.sglang_cpu.shims", "private", T_CPU,
           "six fields overwritten after SGLang's constructor: triton/decode/verify/extend_kernel = our torch kernel, "
           "supports_packed_decode(_safe_gate) = False"),
@@ -184,11 +182,49 @@ REACHES = (
           "tests/unit/test_server_process.py", "the k3_cpu platform, through the sglang.srt.platforms entry point"),
     Reach("sglang.srt.platforms.cpu.CpuDeviceMixin", "SUBCLASS", "k3_sglang.platform_cpu", "public",
           "tests/unit/test_server_process.py", "SGLang's CPU device behaviour for the k3_cpu platform"),
+    Reach("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod", "SUBCLASS",
+          "k3_sglang.sglang_cpu.cpu_layers", "public", "tests/unit/test_sglang_cpu_layers.py",
+          "K3CpuLinearMethod (small CPU GEMMs in float32): each of the model's methods takes it in place, in the "
+          "platform's post_load_model", ("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply",
+                                         "sglang.srt.platforms.interface.SRTPlatform.post_load_model")),
+    Reach("sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated", "SUBCLASS",
+          "k3_sglang.sglang_cpu.cpu_layers", "public", "tests/unit/test_sglang_cpu_layers.py",
+          "K3CpuFusedRMSNormGated (KDA's gated output norm in torch): each such module takes it in place, in the "
+          "platform's post_load_model",
+          ("sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward",
+           "sglang.srt.platforms.interface.SRTPlatform.post_load_model")),
+    # -- the `k3` radix cache: subclasses SGLang builds through its registries, and the methods they override ------
+    Reach(_URC, "SUBCLASS", _RC, "public", T_RC,
+          "K3RadixCache, built by SGLang's create_unified_radix_cache(cache_class=...) for `--radix-cache-backend k3` "
+          "(register_radix_cache_backend)",
+          (_URC, "sglang.srt.mem_cache.registry.create_unified_radix_cache",
+           "sglang.srt.mem_cache.registry.create_tree_cache")),
+    Reach(_UTC, "SUBCLASS", _RC, "public", T_RC,
+          "K3SessionTreeCore, SGLang's Python TreeCore for one cache under session eviction "
+          "(register_tree_core_backend, CacheInitParams.tree_core_backend)",
+          (_UTC + ".__init__", "sglang.srt.mem_cache.unified_cache.tree_core_registry.select_tree_core_backend")),
+    Reach(f"{_URC}.insert", "OVERRIDE", _RC, "public", T_RC,
+          "KDA checkpoint stored: after SGLang's insert kept a request's state (serving/kv_event_hooks.py)"),
+    Reach(f"{_URC}.take_events", "OVERRIDE", _RC, "public", T_RC,
+          "our queued KDA events first, in the batch SGLang's publisher takes"),
+    Reach(f"{_URC}.reset", "OVERRIDE", _RC, "public", T_RC, "the KDA slot map and the retention book forgotten"),
+    Reach(f"{_URC}.load_back", "OVERRIDE", _RC, "public", T_RC,
+          "KDA checkpoint loaded back from the host tier (serving/kv_event_tiers.py)"),
+    Reach(f"{_URC}.checkpoint_into_tree", "OVERRIDE", _RC, "public", T_RC,
+          "a finished turn's retention booked (serving/retention.py)"),
+    Reach(f"{_URC}.match_prefix", "OVERRIDE", _RC, "public", T_RC,
+          "the session eviction's access clock sampled (hicache/session_eviction_hooks.py)"),
+    Reach(f"{_URC}._apply_cache_action", "OVERRIDE", _RC, "private", T_RC,
+          "KDA checkpoint removed: a MAMBA FreeComponentDeviceSlot seen before SGLang applies it (the one path by "
+          "which a tree state slot is freed)"),
+    Reach(f"{_URC}._execute_kv_backup", "OVERRIDE", _RC, "private", T_RC,
+          "KDA checkpoint stored in the host tier: the MAMBA host slots a node's backup got"),
+    Reach(f"{_URC}._drain_host_frees", "OVERRIDE", _RC, "private", T_RC,
+          "KDA checkpoint removed from the host tier (SGLang's one caller of MambaComponent.free_host_values)"),
+    Reach(f"{_URC}._evict", "OVERRIDE", _RC, "private", T_RC, "expired retentions released before SGLang evicts"),
+    Reach(f"{_UTC}.drive_host_eviction", "OVERRIDE", _RC, "public", "tests/unit/test_hicache_session_eviction.py",
+          "the host tier evicts whole paused sessions first, SGLang's own pass for the rest"),
     # -- SGLANG_* environment variables set (public: declared in sglang.srt.environ) --------------------------------
-    Reach("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "ENV", "k3_sglang.hicache.serve_flags, "
-          "k3_sglang.hicache.session_eviction", "public", "tests/unit/test_hicache_session_eviction.py",
-          "`python` with HiCache on CPU: the host tier's session eviction hooks the Python TreeCore (the Rust one "
-          "evicts natively)"),
     Reach("SGLANG_PLATFORM", "ENV", "k3_sglang.serving.cli", "public", T_SERVE, "selects the k3_cpu platform on CPU"),
     Reach("SGLANG_ENABLE_PP_SPEC", "ENV", "k3_sglang.serving.cli", "public", "tests/spec/test_pp_hooks.py",
           "SGLang's pipeline speculation relay for K3_CSV under --pp-size > 1"),

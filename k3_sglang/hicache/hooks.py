@@ -193,8 +193,3 @@ def register() -> None:
     settings = HiCacheSettings.from_env()
     for target, hook, kind in installed_hooks(settings.fault):
         HookRegistry.register(target, hook, HookType[kind])
-    if settings.eviction == "sessions":  # the host tier's session eviction (hicache/session_eviction.py)
-        from k3_sglang.hicache import session_eviction_hooks
-
-        for target, hook, kind in session_eviction_hooks.installed_hooks():
-            HookRegistry.register(target, hook, HookType[kind])

@@ -68,21 +68,11 @@ def cpu_hicache_flags(d: Deployment | list[str], tier: HostTier | None = None) -
 
 
 def cpu_hicache_env(d: Deployment | list[str], host: str, env: dict[str, str]) -> dict[str, str]:
-    """`env` with, where unset: SGLang's Python TreeCore when the host tier evicts by session
-    (K3_HICACHE_EVICTION=sessions, opt-in; hicache/session_eviction.py) and the Mooncake-on-CPU variables
-    with the mooncake backend. Unchanged with HiCache off."""
-    from k3_sglang.hicache.session_eviction import PYTHON_CORE_ENV
-    from k3_sglang.hicache.settings import HiCacheSettings
-
+    """`env` with, where unset, the Mooncake-on-CPU variables with the mooncake backend. Unchanged otherwise."""
     d = coerce(d)
-    if not d.hicache:
+    if not d.hicache or d.hicache_storage_backend != "mooncake":
         return env
     out = dict(env)
-    if HiCacheSettings.from_env(env).eviction == "sessions":
-        for name, value in PYTHON_CORE_ENV.items():
-            out.setdefault(name, value)
-    if d.hicache_storage_backend != "mooncake":
-        return out
     for name, value in CPU_MOONCAKE_ENV.items():
         out.setdefault(name, value)
     if host in LOOPBACK_HOSTS:

@@ -22,10 +22,12 @@ the tokenizer's creation time of the requests that touched the tree (`req.time_s
 every rank), sampled when a request matches its prefix; "now" is the newest such time. Without creation times every
 paused session ranks in class 2 (the order stays deterministic).
 
-Seam: an AROUND hook on SGLang's Python TreeCore `UnifiedTreeCore.drive_host_eviction` (the host tier's only
-eviction entry, for the KV pages and the KDA states alike) and a BEFORE hook on `UnifiedRadixCache.match_prefix`
-(the clock). SGLang's Rust TreeCore (its default) evicts natively with no per-node seam, so `k3 serve` selects the
-Python TreeCore (`SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python`) when this policy is on (hicache/serve_flags.py);
+Seam: the `k3` radix-cache backend (serving/radix_cache.py, SGLang's public `register_radix_cache_backend`): its
+cache samples the clock in `match_prefix`, and under this policy it runs on `K3SessionTreeCore`, SGLang's Python
+TreeCore (registered through SGLang's public `register_tree_core_backend`, picked for that cache alone through
+`CacheInitParams.tree_core_backend`) whose `drive_host_eviction` (the host tier's only eviction entry, for the KV
+pages and the KDA states alike) evicts by session. SGLang's Rust TreeCore (its default) evicts natively with no
+per-node seam, which is why this policy brings the Python one.
 `K3_HICACHE_EVICTION=lru` keeps SGLang's own eviction and core. Write-back mode and SGLang's session radix cache
 keep SGLang's own eviction (not exercised on CPU). What the policy frees short of the request (KDA states held only
 by internal nodes) is left to SGLang's own pass.
@@ -39,12 +41,8 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-TREE_CORE = "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore"
-HOST_EVICTION_TARGET = TREE_CORE + ".drive_host_eviction"
-MATCH_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.match_prefix"
 COUNTER_MODULE = "sglang.srt.mem_cache.unified_cache.components.base"
 COUNTER_NAME = "_LAST_ACCESS_TIME_COUNTER_FLOAT"
-PYTHON_CORE_ENV = {"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python"}
 
 FINISHED, PAUSED = 0, 1  # victim classes, evicted in this order
 

@@ -1,10 +1,10 @@
-"""SGLang hooks of the host-tier session eviction policy (hicache/session_eviction.py); registered by the HiCache
-plugin (hicache/hooks.py) when `K3_HICACHE_EVICTION=sessions` (opt-in).
+"""The host-tier session eviction policy (hicache/session_eviction.py) at work in the `k3` radix cache
+(serving/radix_cache.py) when `K3_HICACHE_EVICTION=sessions` (opt-in) and HiCache is on:
 
-1. `UnifiedRadixCache.match_prefix` BEFORE: sample the access clock (SGLang's logical counter, the request's
-   tokenizer creation time).
-2. `UnifiedTreeCore.drive_host_eviction` AROUND (SGLang's Python TreeCore): evict host leaves by `victim_rank`,
-   whole sessions first; SGLang's own pass frees whatever remains short of the request.
+1. `K3RadixCache.match_prefix` samples the access clock (SGLang's logical counter, the request's tokenizer creation
+   time) before SGLang's match.
+2. `K3SessionTreeCore.drive_host_eviction` (SGLang's Python TreeCore): evict host leaves by `victim_rank`, whole
+   sessions first; SGLang's own pass frees whatever remains short of the request.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import logging
 from k3_sglang.hicache.session_eviction import (
     COUNTER_MODULE,
     COUNTER_NAME,
-    HOST_EVICTION_TARGET,
-    MATCH_TARGET,
     AccessClock,
     drive_session_eviction,
     victim_rank,
@@ -33,7 +31,7 @@ def _counter() -> float:
 
 
 def sample_clock(cache, params, *args, **kwargs):
-    """BEFORE hook (1): the counter now, at the creation time of the request being matched."""
+    """(1) before SGLang's match_prefix: the counter now, at the creation time of the request being matched."""
     req = getattr(params, "req", None)
     stats = getattr(req, "time_stats", None)
     created = float(getattr(stats, "created_time", 0.0) or 0.0)
@@ -56,7 +54,7 @@ def _merge(into, other) -> None:
 
 
 def evict_host_by_session(original, core, component_type, num_tokens, *args, **kwargs):
-    """AROUND hook (2): free `num_tokens` of `component_type` from the host tier, whole paused sessions in
+    """(2) around SGLang's drive_host_eviction: free `num_tokens` of `component_type` from the host tier, whole paused sessions in
     `victim_rank` order (hicache/session_eviction.py), then SGLang's own pass for any remainder."""
     from k3_sglang.hicache.settings import HiCacheSettings
 
@@ -87,9 +85,3 @@ def evict_host_by_session(original, core, component_type, num_tokens, *args, **k
         STATS["fallback_calls"] += 1
         _merge(result, original(core, component_type, remaining, *args, **kwargs))
     return result
-
-
-def installed_hooks():
-    """(target, hook, hook type name) of the policy's hooks."""
-    return [(MATCH_TARGET, sample_clock, "BEFORE"),
-            (HOST_EVICTION_TARGET, evict_host_by_session, "AROUND")]

@@ -64,6 +64,17 @@ SGLANG_CPU_DCP_DEFAULTS = {"--attention-backend": "k3_dcp_mla", "--mamba-radix-c
 # Every platform: K3's XTML reasoning and tool-call channels.
 COMMON_DEFAULTS = {"--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3"}
 COMMON_FLAGS: tuple[str, ...] = ()
+# Every platform: the `k3` radix cache (serving/radix_cache.py: KDA checkpoint events, session retention, the host
+# tier's session eviction), left out where the user picked a cache of their own: another registered backend, or an
+# SGLang feature that SGLang pairs with its own cache only (each refuses any --radix-cache-backend).
+RADIX_CACHE_DEFAULT = {"--radix-cache-backend": "k3"}
+OWN_CACHE_FIELDS = ("radix_cache_backend", "enable_lmcache", "enable_flexkv", "enable_unified_cache_external_linker",
+                    "enable_kv_cache_sharding", "enable_int8_mamba_checkpoint")
+
+
+def own_cache_fields(d: Deployment) -> list[str]:
+    """The SGLang fields set in `d` that keep the `k3` radix cache out ([] when it serves)."""
+    return [name for name in OWN_CACHE_FIELDS if d.args is not None and getattr(d.args, name, None)]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -153,6 +164,8 @@ def our_defaults(d: Deployment) -> tuple[dict[str, str], tuple[str, ...]]:
             dcp_flags = DCP_NO_PREFIX_CACHE_FLAGS
         else:
             defaults.update(SGLANG_CPU_DCP_DEFAULTS)
+    if not own_cache_fields(d):
+        defaults.update(RADIX_CACHE_DEFAULT)
     if d.skip_tokenizer_init:
         defaults.pop("--reasoning-parser")
         defaults.pop("--tool-call-parser")
@@ -347,6 +360,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"k3 serve: {tier.message}", file=sys.stderr, flush=True)
         late += cpu_hicache_flags(user, tier)  # HiCache on CPU (hicache/serve_flags.py); [] otherwise
     argv = ours + list(args.extra_args) + late
+    own_cache = [f for f in own_cache_fields(user) if f != "radix_cache_backend" or user.args.radix_cache_backend != "k3"]
+    if own_cache:
+        print(f"k3 serve: note: {', '.join('--' + f.replace('_', '-') for f in own_cache)}: SGLang's own radix cache "
+              "serves, without K3's KDA checkpoint events, session retention or session eviction",
+              file=sys.stderr, flush=True)
     served = served.applied(late)
     env = hooks_env(serving_env(served))
     if on_cpu:

@@ -1,23 +1,25 @@
-"""SGLang general plugin (`sglang.srt.plugins` entry point `k3_session_cache`): KDA checkpoint events in SGLang's
-KV-event stream (and, registered from here, the session-retention hooks of `serving/retention.py`).
+"""SGLang general plugin (`sglang.srt.plugins` entry point `k3_session_cache`): registers the `k3` radix-cache backend
+(serving/radix_cache.py), whose cache publishes KDA checkpoint events in SGLang's KV-event stream (this module) and
+keeps finished sessions (serving/retention.py).
 
 SGLang 0.5.23's radix caches publish BlockStored / BlockRemoved for full-attention KV blocks only; for a hybrid
 model a prefix is resumable only where a KDA (mamba) state was saved, and SGLang says nothing when such a state
 is stored or dropped. In its unified radix cache (K3's: FULL + MAMBA components, Rust or Python tree core) a
 state is handed to the tree by `UnifiedRadixCache.insert(params)` with `params.mamba_value` (one state slot),
-lands on the node the insert ends on, and leaves the tree only through `MambaComponent.apply_component_action(
-FreeComponentDeviceSlot)` (evictions, the per-path state cap, leaf eviction) or a reset. Four hooks:
+lands on the node the insert ends on, and leaves the tree only through the cache's `_apply_cache_action(
+FreeComponentDeviceSlot(component_type=MAMBA))` (evictions, the per-path state cap, leaf eviction) or a reset. Four
+methods of the `k3` cache (K3RadixCache) call the functions here:
 
-1. `UnifiedRadixCache.insert` AROUND: after an insert that kept its state (`not result.mamba_exist`), queue
+1. `insert` (AROUND): after an insert that kept its state (`not result.mamba_exist`), queue
    `K3KdaCheckpointStored{block_hash, tokens, session_id}`: the hash SGLang publishes for the last block of the
    inserted key (`tree_core.get_last_hash_value` of the node it ended on), the key's length, the request's
    session; and remember state slot -> checkpoint.
-2. `MambaComponent.apply_component_action` BEFORE: for each freed slot we know, queue `K3KdaCheckpointRemoved`.
-3. `UnifiedRadixCache.take_events` AROUND: our queued events go out before what SGLang recorded since, in the
+2. `_apply_cache_action` (BEFORE): for each freed MAMBA slot we know, queue `K3KdaCheckpointRemoved`.
+3. `take_events` (AROUND): our queued events go out before what SGLang recorded since, in the
    same batch (`SchedulerKvEventsPublisher.publish_kv_events` takes them once per scheduler step), so one
    sequence number orders both. Before queueing, we first move what SGLang recorded so far into our queue, so
    the order inside a batch is the order things happened.
-4. `UnifiedRadixCache.reset` AFTER: every slot is forgotten (SGLang publishes AllBlocksCleared).
+4. `reset` (AFTER): every slot is forgotten (SGLang publishes AllBlocksCleared).
 All four are inert unless the cache records events (`--kv-events-config`, publisher rank) and has a MAMBA
 component; the plugin registers nothing unless `k3 serve` started the server (`K3_SERVE_HOOKS=1`).
 A slot stored again while we still map it (a free we did not see) first publishes the old checkpoint's removal.
@@ -37,11 +39,6 @@ from k3_sglang.sglang_guard import sglang_plugin
 
 log = logging.getLogger(__name__)
 
-CACHE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
-INSERT_TARGET = CACHE + ".insert"
-TAKE_TARGET = CACHE + ".take_events"
-RESET_TARGET = CACHE + ".reset"
-FREE_TARGET = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.apply_component_action"
 LOG_ATTR = "_k3_kda_event_log"
 DEVICE_MEDIUM, HOST_MEDIUM = "GPU", "CPU_PINNED"  # SGLang's StorageMedium values
 
@@ -124,7 +121,7 @@ def _slot(value: Any) -> int:
 
 
 def insert_with_checkpoint_event(original, cache, params, *args, **kwargs):
-    """AROUND hook (1): SGLang's insert, then the checkpoint-stored event when the tree kept the state."""
+    """(1) around SGLang's insert: SGLang's insert, then the checkpoint-stored event when the tree kept the state."""
     result = original(cache, params, *args, **kwargs)
     if params.mamba_value is None or result.mamba_exist or result.last_device_node is None:
         return result
@@ -146,21 +143,24 @@ def insert_with_checkpoint_event(original, cache, params, *args, **kwargs):
     return result
 
 
-def note_freed_checkpoints(component, action, *args, **kwargs):
-    """BEFORE hook (2): a tree state slot freed -> the checkpoint-removed event (SGLang's call proceeds as is)."""
+def note_freed_checkpoints(cache, action) -> None:
+    """(2) before SGLang applies a cache action: a MAMBA device slot freed -> the checkpoint-removed event."""
     if type(action).__name__ != "FreeComponentDeviceSlot":
-        return None
-    events = event_log(component.cache)
-    if events is None or not events.slots:
-        return None
+        return
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+    if action.component_type != ComponentType.MAMBA:
+        return
+    queued = event_log(cache)
+    if queued is None or not queued.slots:
+        return
     for indices in action.indices:
         for slot in indices.reshape(-1).tolist():
-            events.removed(component.cache, int(slot))
-    return None
+            queued.removed(cache, int(slot))
 
 
 def take_events_with_checkpoints(original, cache, *args, **kwargs):
-    """AROUND hook (3): our queued events, then what SGLang recorded after them."""
+    """(3) around SGLang's take_events: our queued events, then what SGLang recorded after them."""
     events = original(cache, *args, **kwargs)
     queued = cache.__dict__.get(LOG_ATTR)
     if not queued or not queued.pending:
@@ -170,32 +170,21 @@ def take_events_with_checkpoints(original, cache, *args, **kwargs):
 
 
 def forget_checkpoints_on_reset(result, cache, *args, **kwargs):
-    """AFTER hook (4): the tree is empty; so is our slot map."""
+    """(4) after SGLang's reset: the tree is empty; so is our slot map."""
     queued = cache.__dict__.get(LOG_ATTR)
     if queued:
         queued.clear()
     return result
 
 
-def installed_hooks():
-    """(target, hook, hook type name) of every hook `register` installs."""
-    return [(INSERT_TARGET, insert_with_checkpoint_event, "AROUND"),
-            (FREE_TARGET, note_freed_checkpoints, "BEFORE"),
-            (TAKE_TARGET, take_events_with_checkpoints, "AROUND"),
-            (RESET_TARGET, forget_checkpoints_on_reset, "AFTER")]
-
-
 @sglang_plugin
 def register() -> None:
-    """Entry point `k3_session_cache`: register these hooks and the retention hooks (serving/retention.py) with
-    SGLang's HookRegistry when `k3 serve` started this server."""
+    """Entry point `k3_session_cache`: when `k3 serve` started this server, register the `k3` radix-cache backend
+    (serving/radix_cache.py) and the CURVE publisher with SGLang."""
     if os.environ.get(HOOKS_ENV) != "1":
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from k3_sglang.serving import kv_event_tiers, retention
+    from k3_sglang.serving import radix_cache
     from k3_sglang.serving.kv_events_curve import register_publisher
 
-    for target, hook, kind in installed_hooks() + kv_event_tiers.installed_hooks() + retention.installed_hooks():
-        HookRegistry.register(target, hook, HookType[kind])
+    radix_cache.register()
     register_publisher()  # `k3_zmq_curve`, the CURVE-protected publisher k3 serve names off loopback

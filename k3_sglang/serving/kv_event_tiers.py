@@ -4,15 +4,16 @@
 its removal when the device slot is freed. With `--enable-hierarchical-cache` a state also lives in the host tier
 (SGLang's `MambaPoolHost`): it is written there with its node's KV (write-through), it stays after the device copy
 is evicted, and a resumed turn loads it back. SGLang publishes the KV blocks' host copies (BlockStored/Removed with
-medium CPU_PINNED) but says nothing about the states. Three hooks, on the cache's Python layer (the same for the
-Python and the Rust tree core), publish them with the tier in `medium`:
+medium CPU_PINNED) but says nothing about the states. Three methods of the `k3` cache (serving/radix_cache.py), on
+the cache's Python layer (the same for the Python and the Rust tree core), publish them with the tier in `medium`:
 
-1. `UnifiedRadixCache._execute_kv_backup` AROUND: a backup that got host slots for a node's KDA state (the MAMBA
+1. `_execute_kv_backup` (AROUND): a backup that got host slots for a node's KDA state (the MAMBA
    transfer in `comp_xfers`, host indices filled in place by the host pool group) -> `K3KdaCheckpointStored`
    medium CPU_PINNED for that node's checkpoint, and host slot -> checkpoint remembered.
-2. `MambaComponent.free_host_values` BEFORE: every host slot we know that is freed -> `K3KdaCheckpointRemoved`
+2. `_drain_host_frees` (BEFORE; SGLang's one caller of `MambaComponent.free_host_values`): every MAMBA host slot we
+   know that is freed -> `K3KdaCheckpointRemoved`
    medium CPU_PINNED.
-3. `UnifiedRadixCache.load_back` AROUND: a load-back that gave the node a device state slot we do not map yet ->
+3. `load_back` (AROUND): a load-back that gave the node a device state slot we do not map yet ->
    `K3KdaCheckpointStored` medium GPU (loaded back), device slot remembered, so its later eviction is published by
    the device hook as before.
 A node's checkpoint is (SGLang's hash of its last block, the node's depth in tokens from `collect_path_info`).
@@ -24,11 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3_sglang.serving.kv_event_hooks import CACHE, DEVICE_MEDIUM, HOST_MEDIUM, _slot, event_log
-
-BACKUP_TARGET = CACHE + "._execute_kv_backup"
-LOAD_BACK_TARGET = CACHE + ".load_back"
-HOST_FREE_TARGET = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.free_host_values"
+from k3_sglang.serving.kv_event_hooks import DEVICE_MEDIUM, HOST_MEDIUM, _slot, event_log
 
 
 def checkpoint_of(cache: Any, node_id: Any) -> tuple[int, int] | None:
@@ -52,7 +49,7 @@ def _mamba_transfers(comp_xfers: Any) -> list:
 
 
 def backup_with_checkpoint_event(original, cache, node_id, device_value, comp_xfers, *args, **kwargs):
-    """AROUND hook (1): SGLang's backup of one node, then the host-tier checkpoint event for its KDA state."""
+    """(1) around SGLang's backup: SGLang's backup of one node, then the host-tier checkpoint event for its KDA state."""
     host_indices = original(cache, node_id, device_value, comp_xfers, *args, **kwargs)
     if host_indices is None:
         return host_indices
@@ -67,21 +64,24 @@ def backup_with_checkpoint_event(original, cache, node_id, device_value, comp_xf
     return host_indices
 
 
-def note_freed_host_checkpoints(component, host_values, *args, **kwargs):
-    """BEFORE hook (2): host state slots freed -> host-tier checkpoint-removed events."""
-    events = event_log(component.cache)
+def note_freed_host_checkpoints(cache, host_frees) -> None:
+    """(2) before SGLang drains a cache's host frees ({component type: [host slot tensors]}): each MAMBA host slot
+    we know -> a host-tier checkpoint-removed event."""
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+    host_values = (host_frees or {}).get(ComponentType.MAMBA)
+    events = event_log(cache) if host_values else None
     if events is None or not events.by_medium[HOST_MEDIUM]:
-        return None
-    for indices in host_values or ():
+        return
+    for indices in host_values:
         if indices is None:
             continue
         for slot in indices.reshape(-1).tolist():
-            events.removed(component.cache, int(slot), HOST_MEDIUM)
-    return None
+            events.removed(cache, int(slot), HOST_MEDIUM)
 
 
 def load_back_with_checkpoint_event(original, cache, node_id, *args, **kwargs):
-    """AROUND hook (3): SGLang's host-to-device load-back, then the device-tier event for the state it restored."""
+    """(3) around SGLang's load_back: SGLang's host-to-device load-back, then the device-tier event for the state it restored."""
     loaded = original(cache, node_id, *args, **kwargs)
     if not loaded:
         return loaded
@@ -98,10 +98,3 @@ def load_back_with_checkpoint_event(original, cache, node_id, *args, **kwargs):
     if checkpoint is not None and events.slots.get(slot) != checkpoint:
         events.stored(cache, slot, *checkpoint, None, medium=DEVICE_MEDIUM)
     return loaded
-
-
-def installed_hooks():
-    """(target, hook, hook type name) of every host-tier hook."""
-    return [(BACKUP_TARGET, backup_with_checkpoint_event, "AROUND"),
-            (HOST_FREE_TARGET, note_freed_host_checkpoints, "BEFORE"),
-            (LOAD_BACK_TARGET, load_back_with_checkpoint_event, "AROUND")]

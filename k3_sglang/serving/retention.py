@@ -1,14 +1,14 @@
 """Session retention on the worker: a finished turn that asked for T seconds keeps its radix path and KDA state.
 
 The request guard carries the retention into the scheduler (`custom_params["__k3_retain_s"]`,
-`session_fields.py`). SGLang plugin hooks (registered with the KV-event hooks, `kv_event_hooks.register`):
-1. `UnifiedRadixCache.checkpoint_into_tree` AFTER: once a finished request's tokens and KDA state are in the tree
+`session_fields.py`). Three methods of the `k3` radix cache (serving/radix_cache.py) call the functions here:
+1. `checkpoint_into_tree` (AFTER): once a finished request's tokens and KDA state are in the tree
    (`req.last_node`, `req.kv.cache_protected_len` tokens), take one more tree lock on that node for T seconds:
    locked nodes, their ancestors and the node's KDA state are never evicted. One retention per session
    (`req.session_id`, else the request id): a new turn's lock replaces the previous turn's.
-2. `UnifiedRadixCache._evict` BEFORE: every eviction first releases retentions whose time is up (the only time
+2. `_evict` (BEFORE): every eviction first releases retentions whose time is up (the only time
    an expired lock matters).
-3. `UnifiedRadixCache.reset` AFTER: a reset tree holds no locks; the book forgets them without unlocking.
+3. `reset` (AFTER): a reset tree holds no locks; the book forgets them without unlocking.
 Bounded: retained tokens stay within `K3_RETAIN_SHARE` of the KV pool and retained sessions within that share
 of the KDA state slots. A retention that does not fit first releases the retentions that expire soonest; one
 larger than the whole share is trimmed to nothing (the turn is cached as usual, evictable). Never refused:
@@ -30,10 +30,6 @@ from k3_sglang.serving.session_fields import retention_of
 
 log = logging.getLogger(__name__)
 
-CACHE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
-CHECKPOINT_TARGET = CACHE + ".checkpoint_into_tree"
-EVICT_TARGET = CACHE + "._evict"
-RESET_TARGET = CACHE + ".reset"
 BOOK_ATTR = "_k3_retention_book"
 
 
@@ -117,7 +113,7 @@ def book_of(cache: Any) -> RetentionBook:
 
 
 def retain_finished_turn(result, cache, req, *args, **kwargs):
-    """AFTER hook (1): book the retention a finished request asked for."""
+    """(1) after SGLang's checkpoint_into_tree: book the retention a finished request asked for."""
     sampling = getattr(req, "sampling_params", None)
     seconds = retention_of(getattr(sampling, "custom_params", None))
     if not seconds or getattr(cache, "disable", False) or not req.finished() or req.last_node is None:
@@ -133,7 +129,7 @@ def retain_finished_turn(result, cache, req, *args, **kwargs):
 
 
 def release_expired(cache, *args, **kwargs):
-    """BEFORE hook (2): expired retentions go before SGLang evicts."""
+    """(2) before SGLang's _evict: expired retentions go before SGLang evicts."""
     book = cache.__dict__.get(BOOK_ATTR)
     if book is not None and book.entries:
         book.expire(time.monotonic(), cache.unlock)
@@ -141,15 +137,8 @@ def release_expired(cache, *args, **kwargs):
 
 
 def forget_on_reset(result, cache, *args, **kwargs):
-    """AFTER hook (3): the tree was emptied, and its locks with it."""
+    """(3) after SGLang's reset: the tree was emptied, and its locks with it."""
     book = cache.__dict__.get(BOOK_ATTR)
     if book is not None:
         book.clear()
     return result
-
-
-def installed_hooks():
-    """(target, hook, hook type name) of every retention hook."""
-    return [(CHECKPOINT_TARGET, retain_finished_turn, "AFTER"),
-            (EVICT_TARGET, release_expired, "BEFORE"),
-            (RESET_TARGET, forget_on_reset, "AFTER")]

@@ -5,17 +5,17 @@ With `K3_STEP_TIMING=<prefix>` every scheduler process appends one JSON line per
 
     {"t": the step's start (time.perf_counter: CLOCK_MONOTONIC, comparable across processes on Linux),
      "b": requests in the step, "loop": s from this step's run_batch to the next one's,
-     "run": s in Scheduler.run_batch, "fwd": s in ModelRunner.forward (every forward of the step),
-     "result": s in Scheduler.process_batch_result}
+     "run": s in Scheduler.run_batch, "fwd": s in ModelRunner.forward (every forward of the step)}
 
 `loop` covers one whole scheduler iteration (run_batch, process_batch_result, receiving requests and building the
 next batch), so `loop - fwd` is what the server spends per step besides the model itself: scheduler bookkeeping,
-SGLang's speculative path, K3_CSV's worker. A step is written when the next decode step starts right after it
+SGLang's speculative path, K3_CSV's worker; `loop - run` is everything after run_batch (process_batch_result
+included: it is not timed on its own, which would take one more hook). A step is written when the next decode step starts right after it
 (steps followed by a prefill or an idle loop are left out). The loop only appends records to a buffer; a daemon
 thread writes the buffer every FLUSH_SECONDS (so a server stopped by a signal, which runs no atexit, loses at most
 that much: wait FLUSH_SECONDS after the last request before stopping it). `k3 bench plain-decode` reads these files.
 
-Three AROUND hooks through SGLang's HookRegistry (k3_sglang/hook_inventory.py), for measurement only.
+Two AROUND hooks through SGLang's HookRegistry (k3_sglang/hook_inventory.py), for measurement only.
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ from k3_sglang.env_settings import EnvModel
 from k3_sglang.sglang_guard import sglang_plugin
 
 RUN_BATCH_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
-RESULT_TARGET = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
 FORWARD_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 FLUSH_SECONDS = 0.5  # the background writer's period (the loop itself never writes the file)
 
@@ -56,7 +55,7 @@ class StepTimer:
 
     def __init__(self, path: Path, clock=time.perf_counter):
         self.path, self.clock = path, clock
-        self._open: dict | None = None  # the decode step in flight: b, t0, run, fwd, result
+        self._open: dict | None = None  # the decode step in flight: b, t0, run, fwd
         self._lines: list[str] = []
         self._lock = threading.Lock()  # the loop appends, the writer thread takes the buffer
 
@@ -65,13 +64,12 @@ class StepTimer:
         now = self.clock()
         prev, self._open = self._open, None
         if prev is not None and is_decode:
-            row = {"t": prev["t0"], "b": prev["b"], "loop": now - prev["t0"], "run": prev["run"], "fwd": prev["fwd"],
-                   "result": prev["result"]}
+            row = {"t": prev["t0"], "b": prev["b"], "loop": now - prev["t0"], "run": prev["run"], "fwd": prev["fwd"]}
             line = json.dumps(row)
             with self._lock:
                 self._lines.append(line)
         if is_decode:
-            self._open = {"b": batch_size, "t0": now, "run": 0.0, "fwd": 0.0, "result": 0.0}
+            self._open = {"b": batch_size, "t0": now, "run": 0.0, "fwd": 0.0}
 
     def add(self, field: str, seconds: float) -> None:
         if self._open is not None:
@@ -116,11 +114,6 @@ def time_run_batch(original, self, batch, *args, **kwargs):
     return _timed("run", original, self, batch, *args, **kwargs)
 
 
-def time_process_result(original, *args, **kwargs):
-    """AROUND `Scheduler.process_batch_result`: adds its time to the open decode step (K3_STEP_TIMING)."""
-    return _timed("result", original, *args, **kwargs)
-
-
 def time_forward(original, *args, **kwargs):
     """AROUND `ModelRunner.forward`: adds the model forward's time to the open decode step (K3_STEP_TIMING)."""
     return _timed("fwd", original, *args, **kwargs)
@@ -128,8 +121,7 @@ def time_forward(original, *args, **kwargs):
 
 def installed_hooks():
     """(target, hook, hook type name) of every hook `register` installs when K3_STEP_TIMING is set."""
-    return [(RUN_BATCH_TARGET, time_run_batch, "AROUND"), (RESULT_TARGET, time_process_result, "AROUND"),
-            (FORWARD_TARGET, time_forward, "AROUND")]
+    return [(RUN_BATCH_TARGET, time_run_batch, "AROUND"), (FORWARD_TARGET, time_forward, "AROUND")]
 
 
 @sglang_plugin

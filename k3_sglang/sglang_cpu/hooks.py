@@ -10,7 +10,8 @@ Active only when SGLang runs on our CPU platform (`k3 serve` on a host without C
 - KDA: our torch kernel in SGLang's KDA kernel dispatcher, and the backend's short-conv functions (kda_kernel.py,
   kda_ops.py); the extra_buffer prefix cache's decode-time state tracking in torch (dcp_mla/cpu_kernels.py);
 - and, where SGLang has no seam, the narrow hooks below (shims.py), each registered with SGLang's HookRegistry;
-- small bf16 linears in float32 on a cached float32 weight (shims.small_linear: decode-sized GEMMs);
+- small bf16 linears in float32 on a cached float32 weight (shims.small_linear: decode-sized GEMMs) and KDA's gated
+  output norm in torch, through the platform's public `post_load_model` (cpu_layers.py);
 - float denormals flushed to zero in the worker (fast_ops.flush_denormals: KDA's chunked prefill runs ~3x faster).
 No Triton kernel runs: nothing here needs the Triton interpreter.
 """
@@ -41,9 +42,6 @@ def installed_hooks():
             (f"{_KDA}.KDAKernelDispatcher.__init__", shims.kda_dispatcher_on_cpu, "AROUND"),
             (f"{_KDA}.causal_conv1d_fn", shims.conv1d_fn, "REPLACE"),
             (f"{_KDA}.causal_conv1d_update", shims.conv1d_update, "REPLACE"),
-            ("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod.apply", shims.small_linear, "AROUND"),
-            ("sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward", shims.rms_norm_gated,
-             "AROUND"),
             ("sglang.srt.layers.attn_residual._mix_fused", shims.attn_res_mix, "AROUND"),
             ("sglang.srt.layers.moe.moe_runner.base.FusedOpPool.get_fused_func", shims.no_fused_triton_moe,
              "AROUND"),

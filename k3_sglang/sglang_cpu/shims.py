@@ -1,4 +1,5 @@
-"""The small hook functions that carry SGLang's own K3 onto a CPU host (registered by hooks.py).
+"""The small hook functions that carry SGLang's own K3 onto a CPU host (registered by hooks.py; `small_linear` and
+`rms_norm_gated` are called by the CPU layer forms of cpu_layers.py instead).
 
 Each one wraps exactly one SGLang (or triton_kernels) function and changes behaviour only for CPU tensors, or only
 for the duration of one call, so that what SGLang does around it stays SGLang's.
@@ -43,7 +44,8 @@ def upcast_mxfp4(original, tensor, scale, target_dtype, axis, *args, **kwargs):
 
 
 def small_linear(original, self, layer, x, bias=None):
-    """AROUND `UnquantizedLinearMethod.apply` (every unquantized linear layer of SGLang's K3): a small bf16/fp16 GEMM
+    """`K3CpuLinearMethod.apply` (cpu_layers.py; every unquantized linear layer of SGLang's K3, `original` SGLang's
+    `UnquantizedLinearMethod.apply`): a small bf16/fp16 GEMM
     on CPU (decode-sized: rows x N x K <= fast_ops.SMALL_GEMM_MACS), or any size on a CPU without a native bf16/fp16
     GEMM (fast_ops.native_reduced_gemm), runs in float32 against a cached float32 copy of the weight
     (fast_ops.small_linear: ~3x less time than oneDNN's reduced-precision GEMM at decode size, 10-15x less than the
@@ -57,7 +59,8 @@ def small_linear(original, self, layer, x, bias=None):
 
 
 def rms_norm_gated(original, self, x, g, residual=None, prenorm=False, residual_in_fp32=False):
-    """AROUND `FusedRMSNormGated.forward` (KDA's output norm, a Triton kernel): for CPU tensors RMSNorm over the
+    """`K3CpuFusedRMSNormGated.forward` (cpu_layers.py; KDA's output norm, a Triton kernel, `original` SGLang's
+    forward): for CPU tensors RMSNorm over the
     last dim in float32, times the weight, times sigmoid(g) ("sigmoid", K3) or silu(g) ("swish"/"silu")."""
     if x.device.type != "cpu" or residual is not None or prenorm:
         return original(self, x, g, residual, prenorm, residual_in_fp32)

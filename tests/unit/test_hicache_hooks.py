@@ -136,21 +136,12 @@ def test_inert_unless_sglang_runs_on_k3_cpu(monkeypatch):
         hooks.register()
     assert registered == []
     monkeypatch.setenv("SGLANG_PLATFORM", "k3_cpu")
-    from k3_sglang.hicache import session_eviction_hooks
-
-    policy = [t for t, _, _ in session_eviction_hooks.installed_hooks()]
-    registered.clear()
-    hooks.register()  # K3_HICACHE_EVICTION unset: SGLang's own LRU, no policy hooks
-    assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
-    registered.clear()
-    monkeypatch.setenv("K3_HICACHE_EVICTION", "sessions")
-    hooks.register()
-    assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()] + policy
-    registered.clear()
-    monkeypatch.setenv("K3_HICACHE_EVICTION", "lru")  # SGLang's own host-tier eviction: no policy hooks
-    hooks.register()
-    assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
-    monkeypatch.delenv("K3_HICACHE_EVICTION")
+    for eviction in ("lru", "sessions"):  # the session policy lives in the `k3` radix cache: no hooks here
+        monkeypatch.setenv("K3_HICACHE_EVICTION", eviction)
+        registered.clear()
+        hooks.register()
+        assert [a[0] for a in registered] == [t for t, _, _ in hooks.installed_hooks()]
+    monkeypatch.delenv("K3_HICACHE_EVICTION", raising=False)
     assert hooks.STATE_LOAD_TARGET not in [a[0] for a in registered]  # the fault hook only when asked for
     registered.clear()
     monkeypatch.setenv("K3_HICACHE_FAULT", "corrupt-restored-kda")

@@ -190,15 +190,15 @@ def test_driver_evicts_one_session_towards_its_root_before_the_next():
     assert gone == [a2, a1, b2]
 
 
-# -- the SGLang hook ------------------------------------------------------------------------------------------------
+# -- in SGLang: the `k3` radix cache's session TreeCore ------------------------------------------------------------------------------------------------
 
-def test_hook_targets_and_the_tree_core_names_it_uses_exist():
+def test_the_tree_core_names_the_policy_uses_exist():
     from sglang.srt.mem_cache.unified_cache import unified_tree_core
     from sglang.srt.mem_cache.unified_cache.components import base
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    from k3_sglang.hicache import session_eviction_hooks as hooks
     from k3_sglang.hicache.session_eviction import COUNTER_NAME
+    from k3_sglang.serving.radix_cache import K3RadixCache, K3SessionTreeCore
 
     core = unified_tree_core.UnifiedTreeCore
     assert list(inspect.signature(core.drive_host_eviction).parameters) == ["self", "component_type", "num_tokens"]
@@ -208,9 +208,8 @@ def test_hook_targets_and_the_tree_core_names_it_uses_exist():
     assert "self.evictable_host_leaves" in init and "self.enable_session_radix_cache" in init
     assert isinstance(getattr(base, COUNTER_NAME), float)
     assert "params" in inspect.signature(UnifiedRadixCache.match_prefix).parameters
-    assert [t for t, _, _ in hooks.installed_hooks()] == [
-        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.match_prefix",
-        "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore.drive_host_eviction"]
+    assert issubclass(K3SessionTreeCore, core) and "drive_host_eviction" in vars(K3SessionTreeCore)
+    assert issubclass(K3RadixCache, UnifiedRadixCache) and "match_prefix" in vars(K3RadixCache)
 
 
 class StubCore:
@@ -276,17 +275,13 @@ def test_settings_and_serve_env(monkeypatch):
     assert HiCacheSettings.from_env({}).eviction == "lru"
     with pytest.raises(ValueError, match="K3_HICACHE_EVICTION"):
         HiCacheSettings.from_env({"K3_HICACHE_EVICTION": "mru"})
-    core = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
-    assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", {}) == {}
-    assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", {"K3_HICACHE_EVICTION": "sessions"}) == {
-        "K3_HICACHE_EVICTION": "sessions", core: "python"}
-    assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", {"K3_HICACHE_EVICTION": "lru"}) == {
-        "K3_HICACHE_EVICTION": "lru"}
-    assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", {core: "rust"})[core] == "rust"
+    for eviction in ({}, {"K3_HICACHE_EVICTION": "sessions"}, {"K3_HICACHE_EVICTION": "lru"}):
+        # the policy needs no server-wide TreeCore: the `k3` cache picks its own (serving/radix_cache.py)
+        assert cpu_hicache_env(["--enable-hierarchical-cache"], "127.0.0.1", eviction) == eviction
     assert cpu_hicache_env([], "127.0.0.1", {}) == {}
 
 
-def test_k3_serve_refuses_a_bad_eviction_setting_and_selects_the_python_core(monkeypatch, capsys, tmp_path):
+def test_k3_serve_refuses_a_bad_eviction_setting_and_serves_the_k3_cache(monkeypatch, capsys, tmp_path):
     from k3_sglang.cli import main
 
     monkeypatch.setenv("K3_CACHE_DIR", str(tmp_path))
@@ -294,12 +289,11 @@ def test_k3_serve_refuses_a_bad_eviction_setting_and_selects_the_python_core(mon
     monkeypatch.setenv("K3_HICACHE_EVICTION", "mru")
     assert main(["serve", "--dry-run", "--enable-hierarchical-cache"]) == 2
     assert "K3_HICACHE_EVICTION must be one of sessions, lru, got 'mru'" in capsys.readouterr().err
-    monkeypatch.delenv("K3_HICACHE_EVICTION")  # the default, SGLang's LRU: its own (Rust) core
-    assert main(["serve", "--dry-run", "--dtype", "float32", "--enable-hierarchical-cache"]) == 0
-    assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND" not in capsys.readouterr().out
-    monkeypatch.setenv("K3_HICACHE_EVICTION", "sessions")
-    assert main(["serve", "--dry-run", "--dtype", "float32", "--enable-hierarchical-cache"]) == 0
-    assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python" in capsys.readouterr().out
+    for eviction in ("lru", "sessions"):  # SGLang's LRU, or by session: the k3 cache either way, no core variable
+        monkeypatch.setenv("K3_HICACHE_EVICTION", eviction)
+        assert main(["serve", "--dry-run", "--dtype", "float32", "--enable-hierarchical-cache"]) == 0
+        out = capsys.readouterr().out
+        assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND" not in out and "--radix-cache-backend k3" in out
 
 
 def test_k3_serve_exits_2_when_the_mooncake_master_is_down_at_start(monkeypatch, capsys, tmp_path):

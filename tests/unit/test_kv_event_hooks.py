@@ -1,6 +1,7 @@
-"""The KDA-checkpoint event hooks and the retention hooks (serving/kv_event_hooks.py, serving/retention.py) against
-the installed SGLang: every target is where the hook expects it with the parameters it uses, the events ride
-SGLang's own batch encoding to the router's decoder, and the hooks do what they claim on stand-in caches."""
+"""The KDA-checkpoint events and session retention of the `k3` radix cache (serving/kv_event_hooks.py,
+serving/retention.py, serving/radix_cache.py) against the installed SGLang: every SGLang method the cache overrides
+is there with the parameters the feature functions use, the events ride SGLang's own batch encoding to the router's
+decoder, and the functions do what they claim on stand-in caches."""
 
 from __future__ import annotations
 
@@ -17,27 +18,32 @@ from k3_sglang.router.kv_events import CheckpointRemoved, CheckpointStored, deco
 from k3_sglang.serving import kv_event_hooks as hooks
 from k3_sglang.serving import kv_event_tiers, retention
 
-ALL_HOOKS = hooks.installed_hooks() + kv_event_tiers.installed_hooks() + retention.installed_hooks()
-PARAMETERS = {  # target -> parameters the hook reads by position or name
-    hooks.INSERT_TARGET: ["self", "params"],
-    hooks.FREE_TARGET: ["self", "action"],
-    hooks.TAKE_TARGET: ["self"],
-    hooks.RESET_TARGET: ["self"],
-    kv_event_tiers.BACKUP_TARGET: ["self", "node_id", "device_value", "comp_xfers"],
-    kv_event_tiers.HOST_FREE_TARGET: ["self", "host_values"],
-    kv_event_tiers.LOAD_BACK_TARGET: ["self", "node_id"],
-    retention.CHECKPOINT_TARGET: ["self", "req"],
-    retention.EVICT_TARGET: ["self", "params"],
+CACHE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
+PARAMETERS = {  # overridden SGLang method -> the parameters its override passes on by position
+    CACHE + ".insert": ["self", "params"],
+    CACHE + "._apply_cache_action": ["self", "action"],
+    CACHE + ".take_events": ["self"],
+    CACHE + ".reset": ["self"],
+    CACHE + "._execute_kv_backup": ["self", "node_id", "device_value", "comp_xfers"],
+    CACHE + "._drain_host_frees": ["self", "host_frees"],
+    CACHE + ".load_back": ["self", "node_id"],
+    CACHE + ".checkpoint_into_tree": ["self", "req"],
+    CACHE + "._evict": ["self", "params"],
+    CACHE + ".match_prefix": ["self", "params"],
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore.drive_host_eviction":
+        ["self", "component_type", "num_tokens"],
 }
 
 
-def test_every_hook_target_exists_with_the_parameters_the_hook_uses():
-    for target, hook, kind in ALL_HOOKS:
+def test_every_overridden_method_exists_with_the_parameters_the_override_uses():
+    from k3_sglang.serving import radix_cache
+
+    assert sorted(radix_cache.overridden()) == sorted(PARAMETERS)
+    for target, expected in PARAMETERS.items():
         module, attr = target.rsplit(".", 1)
         fn = getattr(pkgutil.resolve_name(module), attr)
-        assert callable(fn) and callable(hook) and kind in ("AROUND", "BEFORE", "AFTER"), target
         names = list(inspect.signature(inspect.unwrap(fn)).parameters)
-        assert names[:len(PARAMETERS[target])] == PARAMETERS[target], (target, names)
+        assert names[:len(expected)] == expected, (target, names)
 
 
 def test_the_sglang_fields_the_hooks_read_are_still_there():
@@ -104,7 +110,7 @@ def _free(cache, *slots):
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
 
     action = FreeComponentDeviceSlot([torch.tensor(list(slots))], component_type=ComponentType.MAMBA)
-    assert hooks.note_freed_checkpoints(SimpleNamespace(cache=cache), action) is None
+    assert hooks.note_freed_checkpoints(cache, action) is None
 
 
 def _published(cache) -> list:
@@ -148,16 +154,16 @@ def test_hooks_are_inert_without_events_or_kda_states(monkeypatch):
     del no_states.components[ComponentType.MAMBA]
     _insert(no_states, node=1, tokens=4, slot=1)
     assert _published(quiet) == [] and _published(no_states) == []
-    registered = []
-    from sglang.srt.plugins import hook_registry
+    from k3_sglang.serving import radix_cache
 
-    monkeypatch.setattr(hook_registry.HookRegistry, "register", classmethod(lambda cls, *a, **k: registered.append(a)))
+    registered = []
+    monkeypatch.setattr(radix_cache, "register", lambda: registered.append("k3"))
     monkeypatch.delenv("K3_SERVE_HOOKS", raising=False)
     hooks.register()
     assert registered == []
     monkeypatch.setenv("K3_SERVE_HOOKS", "1")
     hooks.register()
-    assert [a[0] for a in registered] == [t for t, _, _ in ALL_HOOKS]
+    assert registered == ["k3"]
 
 
 def _req(session, tokens, seconds, node, finished=True):

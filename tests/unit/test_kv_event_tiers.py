@@ -2,7 +2,7 @@
 got a host slot for a node's state publishes it with medium CPU_PINNED, a freed host slot publishes its removal, a
 load-back publishes the state it restored to the device (whose later eviction the device hook publishes), all in
 the router's decoding and in the order things happened. The hook targets and the SGLang fields they read are
-checked against the installed SGLang in test_kv_event_hooks.py (ALL_HOOKS) and here."""
+checked against the installed SGLang in test_kv_event_hooks.py (PARAMETERS) and here."""
 
 from __future__ import annotations
 
@@ -56,7 +56,9 @@ def _backup(cache, node, host_slot, device_slot=0):
 
 
 def _free_host(cache, *slots):
-    assert tiers.note_freed_host_checkpoints(SimpleNamespace(cache=cache), [torch.tensor(list(slots))]) is None
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+    assert tiers.note_freed_host_checkpoints(cache, {ComponentType.MAMBA: [torch.tensor(list(slots))]}) is None
 
 
 def test_host_tier_checkpoints_are_published_stored_removed_and_loaded_back():

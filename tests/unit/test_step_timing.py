@@ -31,7 +31,6 @@ def test_a_decode_step_is_written_when_the_next_decode_step_begins(tmp_path):
     timer.add("run", 0.25)
     timer.add("fwd", 0.2)
     timer.add("fwd", 0.05)  # a step with two forwards sums them
-    timer.add("result", 0.125)
     timer.begin(is_decode=True, batch_size=3)  # 10.5: step 1 closes (loop 0.5), step 2 opens
     timer.add("fwd", 0.5)
     timer.begin(is_decode=False, batch_size=1)  # 11.25: a prefill follows step 2, which is dropped
@@ -39,7 +38,7 @@ def test_a_decode_step_is_written_when_the_next_decode_step_begins(tmp_path):
     timer.begin(is_decode=True, batch_size=1)  # 12.0: a decode after a prefill opens a fresh step
     timer.flush()
     rows = read_steps(tmp_path / "steps")
-    assert rows == [{"t": 10.0, "b": 3, "loop": 0.5, "run": 0.25, "fwd": 0.25, "result": 0.125}]
+    assert rows == [{"t": 10.0, "b": 3, "loop": 0.5, "run": 0.25, "fwd": 0.25}]
 
 
 def test_the_writer_thread_writes_every_closed_step_once_while_the_loop_runs(tmp_path):
@@ -78,8 +77,7 @@ def test_hooks_time_the_wrapped_calls_into_the_open_step(tmp_path, monkeypatch):
     out = step_timing.time_run_batch(lambda self, batch: calls.append(batch) or "res", "sched", Batch())
     assert out == "res" and calls and timer._open["b"] == 2 and timer._open["run"] > 0
     step_timing.time_forward(lambda: None)
-    step_timing.time_process_result(lambda a, b: None, 1, 2)
-    assert timer._open["fwd"] > 0 and timer._open["result"] > 0
+    assert timer._open["fwd"] > 0
     with pytest.raises(ValueError):  # an exception in the wrapped call still propagates
         step_timing.time_forward(lambda: (_ for _ in ()).throw(ValueError("boom")))
 
@@ -111,11 +109,11 @@ def test_a_prefix_in_a_missing_directory_is_refused(tmp_path):
 
 
 def test_arm_medians_and_the_share_above_the_base_arm():
-    rows = [{"b": 1, "loop": 0.030, "run": 0.0292, "fwd": 0.029, "result": 0.0003} for _ in range(20)]
-    rows += [{"b": 4, "loop": 9.0, "run": 9.0, "fwd": 1.0, "result": 0.0}]  # other batch sizes are left out
+    rows = [{"b": 1, "loop": 0.030, "run": 0.0292, "fwd": 0.029} for _ in range(20)]
+    rows += [{"b": 4, "loop": 9.0, "run": 9.0, "fwd": 1.0}]  # other batch sizes are left out
     base = ArmSteps.of(rows[2:])
     assert base.steps == 18 and base.host == pytest.approx(0.001) and base.forward == pytest.approx(0.029)
-    assert base.run_outside_forward == pytest.approx(0.0002) and base.rest == pytest.approx(0.0005)
+    assert base.run_outside_forward == pytest.approx(0.0002) and base.after_run == pytest.approx(0.0008)
     slower = ArmSteps.of([{**r, "loop": r["loop"] + 0.0003} for r in rows[2:]])
     assert extra_share(slower, base) == pytest.approx(0.01)
     with pytest.raises(RuntimeError, match="too few"):
@@ -126,7 +124,7 @@ def test_paired_shares_compare_each_request_with_the_base_arms_same_request():
     from k3_sglang.tooling.bench.plain_decode_report import paired_shares
 
     def rows(t0, host, fwd, n=12):
-        return [{"t": t0 + i, "b": 1, "loop": fwd + host, "run": fwd, "fwd": fwd, "result": 0.0} for i in range(n)]
+        return [{"t": t0 + i, "b": 1, "loop": fwd + host, "run": fwd, "fwd": fwd} for i in range(n)]
 
     # request 0 ran on a fast machine, request 1 on one twice as slow: the pair still shows the arm's extra host time
     base = rows(0, 0.001, 0.020) + rows(100, 0.002, 0.040)
@@ -143,7 +141,7 @@ def test_a_concurrency_section_times_only_its_rounds_steps_of_its_batch_size():
     from k3_sglang.tooling.bench.verify import RequestResult
 
     def rows(t0, b, host, n=12):
-        return [{"t": t0 + i, "b": b, "loop": 0.030 + host, "run": 0.030, "fwd": 0.030, "result": 0.0}
+        return [{"t": t0 + i, "b": b, "loop": 0.030 + host, "run": 0.030, "fwd": 0.030}
                 for i in range(n)]
 
     # warm-up at batch 1 before the rounds, each round's ramp at batch 3, a stray batch-1 step inside a round

@@ -12,8 +12,8 @@ arm alike:
      (spec/plain_path.py), so the old and new cost are measured in the same run.
 With the plain path (the default) D's steps and C's settled steps between probes run SGLang's non-speculative path.
 Every server runs with K3_STEP_TIMING (k3_sglang/serving/step_timing.py): each decode step's whole scheduler loop,
-split into the model forward and host time (loop - forward), and host time into run_batch outside the forward,
-process_batch_result, and the rest of the loop (receiving requests, building the next batch). The report compares
+split into the model forward and host time (loop - forward), and host time into run_batch outside the forward
+and what follows run_batch (process_batch_result, receiving requests, building the next batch). The report compares
 mean host time per step of batch c with A's, as a share of A's step (docs/bench-plain-decode.md). A settled C still
 drafts and plans for all c requests on its probe steps.
 Output identity: with --dtype float32 every arm must emit A's tokens (any mismatch fails the run: exit 1, after the
@@ -52,8 +52,7 @@ class ArmSteps:
     host: float
     host_mean: float
     run_outside_forward: float
-    result: float
-    rest: float
+    after_run: float
 
     @classmethod
     def window(cls, rows: list[dict], start: float, end: float, batch: int = 1) -> "ArmSteps | None":
@@ -70,8 +69,8 @@ class ArmSteps:
         med = statistics.median
         host = [r["loop"] - r["fwd"] for r in rows]
         return cls(len(rows), med([r["loop"] for r in rows]), med([r["fwd"] for r in rows]), med(host),
-                   statistics.fmean(host), med([r["run"] - r["fwd"] for r in rows]), med([r["result"] for r in rows]),
-                   med([r["loop"] - r["run"] - r["result"] for r in rows]))
+                   statistics.fmean(host), med([r["run"] - r["fwd"] for r in rows]),
+                   med([r["loop"] - r["run"] for r in rows]))
 
 
 def inside_windows(rows: list[dict], windows: list[tuple[float, float]]) -> list[dict]:

@@ -39,14 +39,14 @@ def model_section(impl: str, c: int, arms: dict, help_text: dict[str, str], mism
     unit = "request" if c == 1 else "round"
     lines = [f"## {name}, concurrency {c} (steps of batch {c})", "",
              "| arm | decode steps | step p50 (ms) | forward p50 | host p50 | host mean | run_batch outside forward | "
-             "process_batch_result | rest of loop | host mean above A (pooled), share of A's step | client decode tok/s | / A |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "after run_batch | host mean above A (pooled), share of A's step | client decode tok/s | / A |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for arm, res in arms.items():
         s = res["steps"]
         share = "-" if arm == "A" else f"{extra_share(s, base) * 100:+.2f}%"
         ratio = res["decode_tps"] / arms["A"]["decode_tps"]
         lines.append(f"| {arm}: {help_text[arm]} | {s.steps} | {_ms(s.loop)} | {_ms(s.forward)} | {_ms(s.host)} | "
-                     f"{_ms(s.host_mean)} | {_ms(s.run_outside_forward)} | {_ms(s.result)} | {_ms(s.rest)} | "
+                     f"{_ms(s.host_mean)} | {_ms(s.run_outside_forward)} | {_ms(s.after_run)} | "
                      f"{share} | {res['decode_tps']:.1f} | {ratio:.3f} |")
     lines.append("")
     for arm in arms:
@@ -114,13 +114,13 @@ def report(args, started, load_before, per_model: dict, mismatches=None, judged=
         "section's concurrency; one request at c = 1), random prompts by input_ids, ignore_eos; the arms take turns "
         "per round in a rotating order, on the same prompts. A decode step's *step* is one whole "
         "scheduler loop (run_batch to the next run_batch); *host* = step - model forward, split into run_batch "
-        "outside the forward (SGLang's speculative path and K3_CSV's worker), process_batch_result, and the rest of "
-        "the loop (receiving requests, building the next batch with its KV allocation). The table: medians over "
+        "outside the forward (SGLang's speculative path and K3_CSV's worker) and what follows run_batch "
+        "(process_batch_result, receiving requests, building the next batch with its KV allocation). The table: medians over "
         "every decode step of batch c in the timed rounds (warm-up, prefill and the rounds' ramps are left out). The "
         "goal lines: per round, the arm's mean host time per step above A's on the same prompts, run next to it, as "
         "a share of A's step in that round; the median over rounds (the machine's drift cancels in the pair). The "
         "mean, because a settled C drafts and plans for all c requests on its probe steps only (spec/policy.py: one "
-        "step in 4 to 64, priced against a decode step) and throughput pays for every step; the run_batch, process_batch_result and rest-of-loop columns "
+        "step in 4 to 64, priced against a decode step) and throughput pays for every step; the run_batch and after-run_batch columns "
         "are medians. Client decode tok/s = c x tokens after the first / stream time after the first, pooled.", "",
         "Why host time: the forward is the same code in every arm (a plain DECODE forward, no spec input), so what "
         "a speculative server adds when it decides plain decode is host time; it is measured per step inside the "
