@@ -183,7 +183,8 @@ class RouterCore:
         matched = self.prefix.match(prefix_hashes, mask) if prefix_hashes else {}
         views = event_views(self.event_feeds, workers, request.session_id, request.token_ids,
                             record.worker_id if record is not None else None) if self.event_feeds and role == MIXED else None
-        decision = decide(request, record, workers, matched, self.policy, views)
+        retained = record is not None and record.retain_until > now
+        decision = decide(request, record, workers, matched, self.policy, views, retained)
         if derived == RENDEZVOUS and decision.placed:  # a new session after all: its home was only a hash
             decision = dataclasses.replace(decision, kind=NEW, reason=f"{decision.reason} (rendezvous home)")
         self.placements[decision.kind] += 1

@@ -13,7 +13,9 @@ Cost model (docs/router.md has the full derivation):
     backlog_w  = ttft_w > max_predicted_ttft_s  or  reported_waiting_requests_w >= max_waiting_requests
 A new session goes to argmin score among the feasible workers without a backlog. A follow-up turn
 stays home unless home is unhealthy, infeasible or backlogged, or
-score_home > score_best + move_penalty_s + move_penalty_factor * cached_home / tps_best.
+score_home > score_best + move_penalty_s + move_penalty_factor * cached_home / tps_best;
+a retained session's turn (its retention not yet run out) moves only when home is unhealthy, infeasible or
+backlogged: its worker holds the cache for it, whatever else fills that worker's pool.
 No feasible worker: reject (capacity). Feasible ones but all backlogged: reject (backlog), with a
 Retry-After of the time the best one needs to drain below the limit. The HTTP layer answers 429
 with Retry-After, or queues.
@@ -121,8 +123,10 @@ def decide(
     matched_blocks: Mapping[int, int],
     cfg: PolicyConfig,
     views: Mapping[int, EventView] | None = None,
+    retained: bool = False,
 ) -> Decision:
-    """Place a request: lowest score for new sessions, stickiness with a move penalty for follow-ups.
+    """Place a request: lowest score for new sessions, stickiness with a move penalty for follow-ups, and home for
+    a follow-up of a session whose retention is running (`retained`) while home can take it.
 
     `workers` are the eligible ones (healthy, breaker closed, not excluded by a retry);
     `matched_blocks` maps worker bit -> leading prefix blocks that worker is predicted to hold; `views` maps
@@ -149,6 +153,8 @@ def decide(
         return _placed(MOVE, best, "home worker unhealthy, full or backlogged")
     if home is best:
         return _placed(STAY, home, "home is best")
+    if retained:
+        return _placed(STAY, home, "retained on home")
     penalty = move_penalty_s(home.cached_tokens, best.worker.prefill_tps, cfg.move_penalty_s, cfg.move_penalty_factor)
     if home.score_s > best.score_s + penalty:
         return _placed(MOVE, best, f"home score {home.score_s:.2f}s > best {best.score_s:.2f}s + penalty {penalty:.2f}s")

@@ -84,6 +84,22 @@ def test_migration_threshold_counts_the_reprefill():
     assert resident_sums_match(core)
 
 
+def test_a_retained_session_stays_home_past_the_move_threshold_until_its_retention_runs_out():
+    core = make_core()
+    decision, ticket = core.route(RouteRequest("kept", 20_000, 100, retain_s=30.0), (), 0)
+    core.complete(ticket, 0, ok=True, output_tokens=100)
+    home = decision.worker_id
+    core.fleet.workers[home].inflight_prefill_tokens = 200_000  # 20 s queued: an unretained session would move
+    decision = turn(core, "kept", 20_200, now=1)
+    assert (decision.kind, decision.worker_id, decision.reason) == (STAY, home, "retained on home")
+    moved, ticket = core.route(RouteRequest("kept", 20_300, 100, retain_s=30.0), (), 100)  # retention ran out
+    core.complete(ticket, 100, ok=True, output_tokens=100)  # ... and is granted again on the new home
+    assert moved.kind == MOVE and moved.worker_id != home and core.fleet.session("kept").retain_until == 130
+    core.fleet.workers[moved.worker_id].healthy = False  # a retained session still leaves an unhealthy home
+    decision = turn(core, "kept", 20_400, now=101)
+    assert decision.kind == MOVE and decision.worker_id == home
+
+
 def test_unhealthy_home_moves_the_session():
     core = make_core()
     home = turn(core, "a", 5_000, now=0).worker_id
