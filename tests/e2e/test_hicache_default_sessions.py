@@ -16,8 +16,8 @@ difference the assertion showed). Likely bf16 rounding of a prefix resumed from 
 other chunk boundaries (the host tier's copies are bit-exact, tests/unit/test_hicache_transfer.py), not yet checked by
 a control run (docs/bench-sessions.md). Run again on 2026-12-07 (AMD EPYC VM, float32, the slow tier's HiCache files
 together): `quarter` passed; `issue` failed answer identity only: every resumed turn of the HiCache arm cached its
-whole history (6,007 then 6,271 tokens) and 23 of 24 answers matched, but one turn's answer differed from the
-HiCache-off arm's at its 7th of 8 tokens. Float32 numerics are the same code in both arms (cached prefix vs one
+whole history (6,007 then 6,271 tokens), and the answers' first difference from the HiCache-off arm's was at
+record 18 of 24 (from its 7th of 8 tokens; the assertion shows only the first difference). Float32 numerics are the same code in both arms (cached prefix vs one
 recomputed in other chunk boundaries); whether that token was a near tie is not yet checked (open, issue 42).
 """
 
