@@ -14,11 +14,12 @@ pool: the same 3.2x oversubscription) for a loaded machine. float32, as every an
 the host tier, but an answer differed from the HiCache-off arm's from its 6th token (session 1, turn 1; the first
 difference the assertion showed). Likely bf16 rounding of a prefix resumed from a cache against one recomputed in
 other chunk boundaries (the host tier's copies are bit-exact, tests/unit/test_hicache_transfer.py), not yet checked by
-a control run (docs/bench-sessions.md). Run again on 2026-12-07 (AMD EPYC VM, float32, the slow tier's HiCache files
-together): `quarter` passed; `issue` failed answer identity only: every resumed turn of the HiCache arm cached its
-whole history (6,007 then 6,271 tokens), and the answers' first difference from the HiCache-off arm's was at
-record 18 of 24 (from its 7th of 8 tokens; the assertion shows only the first difference). Float32 numerics are the same code in both arms (cached prefix vs one
-recomputed in other chunk boundaries); whether that token was a near tie is not yet checked (open, issue 42).
+a control run (docs/bench-sessions.md). Run again on 2026-12-07 (AMD EPYC VM, float32, the slow tier's HiCache
+files together): `quarter` passed; `issue` failed answer identity only: every resumed turn of the HiCache arm cached
+its whole history (6,007 then 6,271 tokens), and the answers' first difference from the HiCache-off arm's was at
+record 18 of 24, from its 7th of 8 tokens (the assertion shows only the first difference). Float32 numerics are the
+same code in both arms (a cached prefix against one recomputed in other chunk boundaries); whether that token was a
+near tie is not yet checked (open, issue 42).
 """
 
 from __future__ import annotations
