@@ -216,12 +216,17 @@ REACHES = (
           "the session eviction's access clock sampled (hicache/session_eviction_hooks.py)"),
     Reach(f"{_URC}._apply_cache_action", "OVERRIDE", _RC, "private", T_RC,
           "KDA checkpoint removed: a MAMBA FreeComponentDeviceSlot seen before SGLang applies it (the one path by "
-          "which a tree state slot is freed)"),
+          "which a tree state slot is freed); no public seam: SGLang's KV events carry token blocks only, and no "
+          "callback fires when a state slot is freed"),
     Reach(f"{_URC}._execute_kv_backup", "OVERRIDE", _RC, "private", T_RC,
-          "KDA checkpoint stored in the host tier: the MAMBA host slots a node's backup got"),
+          "KDA checkpoint stored in the host tier: the MAMBA host slots a node's backup got; no public seam: those "
+          "slot ids exist only inside this call, and a backup raises no event for KDA states"),
     Reach(f"{_URC}._drain_host_frees", "OVERRIDE", _RC, "private", T_RC,
-          "KDA checkpoint removed from the host tier (SGLang's one caller of MambaComponent.free_host_values)"),
-    Reach(f"{_URC}._evict", "OVERRIDE", _RC, "private", T_RC, "expired retentions released before SGLang evicts"),
+          "KDA checkpoint removed from the host tier (SGLang's one caller of MambaComponent.free_host_values); no "
+          "public seam: a freed host slot raises no event"),
+    Reach(f"{_URC}._evict", "OVERRIDE", _RC, "private", T_RC,
+          "expired retentions released before SGLang evicts; no public seam: eviction has no callback, and an expired "
+          "lock matters only then"),
     Reach(f"{_UTC}.drive_host_eviction", "OVERRIDE", _RC, "public", "tests/unit/test_hicache_session_eviction.py",
           "the host tier evicts whole paused sessions first, SGLang's own pass for the rest"),
     # -- SGLANG_* environment variables set (public: declared in sglang.srt.environ) --------------------------------
