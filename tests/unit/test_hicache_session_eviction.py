@@ -1,7 +1,7 @@
 """The host tier's session eviction policy (k3_sglang/hicache/session_eviction.py): the rank, the access clock, the
 driver on a toy host tier under round-robin sessions larger than it (SGLang's LRU order hits nothing, the policy
 resumes a stable set), and the SGLang hook against the Python TreeCore's names (end to end:
-tests/e2e/test_hicache_session_eviction.py)."""
+tests/e2e/test_session_eviction_slow.py)."""
 from __future__ import annotations
 
 import inspect
