@@ -54,8 +54,8 @@ def _merge(into, other) -> None:
 
 
 def evict_host_by_session(original, core, component_type, num_tokens, *args, **kwargs):
-    """(2) around SGLang's drive_host_eviction: free `num_tokens` of `component_type` from the host tier, whole paused sessions in
-    `victim_rank` order (hicache/session_eviction.py), then SGLang's own pass for any remainder."""
+    """(2) around SGLang's drive_host_eviction: free `num_tokens` of `component_type` from the host tier, whole
+    paused sessions in `victim_rank` order (hicache/session_eviction.py), then SGLang's own pass for any remainder."""
     from k3_sglang.hicache.settings import HiCacheSettings
 
     if core.is_write_back or core.enable_session_radix_cache or not core.evictable_host_leaves:

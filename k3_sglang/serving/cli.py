@@ -73,8 +73,11 @@ OWN_CACHE_FIELDS = ("radix_cache_backend", "enable_lmcache", "enable_flexkv", "e
 
 
 def own_cache_fields(d: Deployment) -> list[str]:
-    """The SGLang fields set in `d` that keep the `k3` radix cache out ([] when it serves)."""
-    return [name for name in OWN_CACHE_FIELDS if d.args is not None and getattr(d.args, name, None)]
+    """The SGLang fields set in `d` that keep the `k3` radix cache out ([] when it serves; an explicit
+    `--radix-cache-backend k3` keeps it in)."""
+    args = d.args
+    return [name for name in OWN_CACHE_FIELDS if args is not None and getattr(args, name, None)
+            and getattr(args, name) != RADIX_CACHE_DEFAULT["--radix-cache-backend"]]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -360,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"k3 serve: {tier.message}", file=sys.stderr, flush=True)
         late += cpu_hicache_flags(user, tier)  # HiCache on CPU (hicache/serve_flags.py); [] otherwise
     argv = ours + list(args.extra_args) + late
-    own_cache = [f for f in own_cache_fields(user) if f != "radix_cache_backend" or user.args.radix_cache_backend != "k3"]
+    own_cache = own_cache_fields(user)
     if own_cache:
         print(f"k3 serve: note: {', '.join('--' + f.replace('_', '-') for f in own_cache)}: SGLang's own radix cache "
               "serves, without K3's KDA checkpoint events, session retention or session eviction",
