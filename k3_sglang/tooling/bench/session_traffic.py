@@ -100,18 +100,31 @@ def generate(url: str, input_ids: list[int], max_new_tokens: int, timeout_s: flo
     if last is None:
         raise RuntimeError("/generate returned no chunk")
     meta = last["meta_info"]
+    finish = meta.get("finish_reason") or {}
+    if isinstance(finish, dict) and finish.get("type") == "abort":  # e.g. a prompt longer than the KV pool
+        raise RuntimeError(f"/generate aborted ({len(input_ids)} prompt tokens): {finish.get('message', finish)}")
     return TurnRecord(0, 0, len(input_ids), int(meta.get("cached_tokens", 0)),
                       dict(meta.get("cached_tokens_details") or {}), ttft or 0.0, time.perf_counter() - start,
                       tuple(last.get("output_ids", ())))
 
 
-def run_sessions(url: str, traffic: SessionTraffic, on_turn=None) -> list[TurnRecord]:
+def run_sessions(url: str, traffic: SessionTraffic, on_turn=None, turns: range | None = None,
+                 earlier: list[TurnRecord] = ()) -> list[TurnRecord]:
     """Send every turn of every session round-robin; returns the records in sending order.
-    on_turn(record) is called after each request (progress, fault injection)."""
+    on_turn(record) is called after each request (progress, fault injection). `turns` sends only those turns (default
+    all); `earlier` are the records of the turns before them (another server's, e.g. before a restart): their answers
+    rebuild each session's history."""
+    turns = range(traffic.turns) if turns is None else turns
     openings, tools = plan_session_prompts(traffic)
     history = [list(o) for o in openings]
+    done = {(r.session, r.turn): r.output_ids for r in earlier}
+    for turn in range(turns.start):
+        for s in range(traffic.sessions):
+            if (s, turn) not in done:
+                raise ValueError(f"session {s} turn {turn}: no earlier record to resume from")
+            history[s] += (tools[s][turn - 1] if turn else []) + list(done[(s, turn)])
     records: list[TurnRecord] = []
-    for turn in range(traffic.turns):
+    for turn in turns:
         for s in range(traffic.sessions):
             if turn:
                 history[s] += tools[s][turn - 1]

@@ -9,11 +9,12 @@ from pathlib import Path
 
 from k3_sglang.tooling.bench.serve import _machine
 from k3_sglang.tooling.bench.session_traffic import SessionTraffic
-from k3_sglang.tooling.bench.sessions import arm_flags
+from k3_sglang.tooling.bench.sessions import GOALS, arm_flags
 from k3_sglang.tooling.bench.sessions_summary import TIERS, ArmSummary, ratio
 
 ARM_TITLES = {"off": "HiCache off", "host": "host tier (L2)", "host-l3": "host + Mooncake store (L2 + L3)",
-              "resident": "all resident (pool holds every session)"}
+              "resident": "all resident (pool holds every session)",
+              "restart": "host + file store (L2 + L3), worker restarted before the last turn"}
 
 
 def _plot(summaries: dict[str, ArmSummary], path: Path) -> None:
@@ -57,10 +58,20 @@ def _command(args: argparse.Namespace) -> str:
     return " ".join(words)
 
 
-def _verdict(value: float | None, goal: str, met: bool) -> str:
-    if value is None:
-        return "not measured (arm not run)"
-    return f"**{value:.2f}x** (goal {goal}: {'met' if met else 'NOT met'})"
+def _ratio_lines(summaries: dict[str, ArmSummary]) -> list[str]:
+    """One line per GOALS pair whose arms ran: the ratio of resumed-turn TTFT p50, with its goal and verdict."""
+    lines = []
+    for slow, fast, goal in GOALS:
+        value = ratio(summaries.get(slow), summaries.get(fast))
+        if value is None:
+            continue
+        if goal is None:
+            verdict = "no goal set"
+        else:
+            met = value >= goal[1] if goal[0] == ">=" else value <= goal[1]
+            verdict = f"goal {goal[0]} {goal[1]:g}x: {'met' if met else 'NOT met'}"
+        lines.append(f"- {slow} / {fast}, resumed-turn TTFT p50: **{value:.2f}x** ({verdict})")
+    return lines
 
 
 def write_report(args: argparse.Namespace, traffic: SessionTraffic, started: datetime.datetime,
@@ -77,10 +88,7 @@ def write_report(args: argparse.Namespace, traffic: SessionTraffic, started: dat
         flags = " ".join(arm_flags(arm, traffic, args.oversubscription))
         rows.append(f"| {ARM_TITLES[arm]} | `{flags}` | {s.ttft_p50_s:.3f} | {s.ttft_p99_s:.3f} | "
                     f"{s.first_turn_ttft_p50_s:.2f} | {s.prefilled_per_turn:,.0f} / {s.prompt_per_turn:,.0f} | "
-                    f"{shares} | {s.mismatches} of {s.resumed_turns + traffic.sessions} |")
-    off_host = ratio(summaries.get("off"), summaries.get("host"))
-    off_l3 = ratio(summaries.get("off"), summaries.get("host-l3"))
-    host_resident = ratio(summaries.get("host"), summaries.get("resident"))
+                    f"{shares} | {s.mismatches} of {traffic.sessions * traffic.turns} |")
     load = os.getloadavg()[0]
     text = f"""# `k3 bench sessions`
 
@@ -92,20 +100,18 @@ Command: `{_command(args)}`
 Traffic: {traffic.sessions} agent sessions, each opening with {traffic.first_tokens:,} tokens; every later turn
 appends the previous answer ({traffic.output_tokens} greedy tokens) and {traffic.tool_tokens} tokens of tool
 output; {traffic.turns} turns, sent one request at a time round-robin with {traffic.think_s:g} s of think time after
-each. Live session tokens at the end: {live:,}; the device KV pool of the off / host / host-l3 arms holds
+each. Live session tokens at the end: {live:,}; the device KV pool of the off / host / host-l3 / restart arms holds
 1/{args.oversubscription:g} of that, so LRU has evicted a session by the time its next turn comes. Model: the
 embedded default (tiny K3, random weights) in float32 on SGLang 0.5.23 through the k3_cpu platform, `k3 serve`
-defaults otherwise (HiCache on CPU: docs/sessions.md). A resumed turn is any turn after a session's first.
+defaults otherwise (HiCache on CPU: docs/sessions.md). A resumed turn is any turn after a session's first; for
+the restart arm, the turns after the restart.
 
 | arm | `k3 serve` flags | resumed TTFT p50 (s) | p99 (s) | first-turn TTFT p50 (s) | prefilled / prompt tokens per resumed turn | hits: device / host / storage | answers differing from `off` |
 |---|---|---|---|---|---|---|---|
 """ + "\n".join(rows[2:]) + f"""
 
-Ratios (same run):
-- off / host, resumed-turn TTFT p50: {_verdict(off_host, '>= 5x', off_host is not None and off_host >= 5)}
-- host / all resident, resumed-turn TTFT p50: {_verdict(host_resident, '<= 1.5x',
-                                                         host_resident is not None and host_resident <= 1.5)}
-- off / host + L3, resumed-turn TTFT p50: {f'**{off_l3:.2f}x** (no goal set)' if off_l3 else 'not measured'}
+Ratios (same run; arm names as in `--arms`):
+""" + "\n".join(_ratio_lines(summaries)) + f"""
 - greedy answers identical to `off` in every arm: {'yes' if not any(s.mismatches for s in summaries.values()) else
                                                     '**NO**'}
 

@@ -27,7 +27,7 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class ArmSummary:
-    """One arm's figures over its resumed turns (turn >= 1) and its first turns."""
+    """One arm's figures over its resumed turns (turn >= 1, or the turns after a restart) and its first turns."""
 
     arm: str
     resumed_turns: int
@@ -57,9 +57,13 @@ def answers(records: list[TurnRecord]) -> dict[tuple[int, int], tuple[int, ...]]
     return {(r.session, r.turn): tuple(r.output_ids) for r in records}
 
 
-def summarize(arm: str, records: list[TurnRecord], baseline: list[TurnRecord] | None = None) -> ArmSummary:
-    """The arm's figures; `baseline` (another arm's records of the same traffic) counts answer mismatches."""
-    resumed = [r for r in records if r.turn > 0]
+def summarize(arm: str, records: list[TurnRecord], baseline: list[TurnRecord] | None = None,
+              resumed_from: int = 1) -> ArmSummary:
+    """The arm's figures; `baseline` (another arm's records of the same traffic) counts answer mismatches (over every
+    turn). The resumed-turn figures count turns >= resumed_from (>= 1)."""
+    if resumed_from < 1:
+        raise ValueError(f"resumed_from must be >= 1, got {resumed_from}")
+    resumed = [r for r in records if r.turn >= resumed_from]
     first = [r for r in records if r.turn == 0]
     if not resumed or not first:
         raise ValueError(f"arm {arm}: needs first and resumed turns (got {len(first)} and {len(resumed)})")
