@@ -250,6 +250,8 @@ REACHES = (
     Reach("SGLANG_PP_LAYER_PARTITION", "ENV", "k3_sglang.launch.commands", "private",
           "tests/launch/test_launch_render.py", "rendered launch scripts: the planner's layer split per PP stage "
           "(read by SGLang's get_pp_indices, not declared in its envs)"),
+    Reach("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", "ENV", "k3_sglang.tooling.bench.sessions", "public",
+          "tests/unit/test_sessions_bench.py", "`k3 bench sessions`' restart arm: its file store's directory"),
     Reach("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "ENV", "k3_sglang.tooling.router.pd_bench", "public",
           "tests/router/test_pd_router.py", "the PD benchmark's servers: a bounded bootstrap wait"),
     Reach("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "ENV", "k3_sglang.tooling.router.pd_bench", "public",

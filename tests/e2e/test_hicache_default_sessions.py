@@ -18,8 +18,12 @@ a control run (docs/bench-sessions.md). Run again on 2026-12-07 (AMD EPYC VM, fl
 files together): `quarter` passed; `issue` failed answer identity only: every resumed turn of the HiCache arm cached
 its whole history (6,007 then 6,271 tokens), and the answers' first difference from the HiCache-off arm's was at
 record 18 of 24, from its 7th of 8 tokens (the assertion shows only the first difference). Float32 numerics are the
-same code in both arms (a cached prefix against one recomputed in other chunk boundaries); whether that token was a
-near tie is not yet checked (open, issue 42).
+same code in both arms (a cached prefix against one recomputed in other chunk boundaries). So the answer check is now
+bench/cache_identity.py's: every answer equal, except where a session's first differing token is a float32 near tie
+that caching alone reproduces (the HiCache server probed at that position after a cache flush and again with the
+context cached: the two rows agree to 1e-3 and the top-two gap is within twice their difference); that session's
+later turns are then not comparable (their prompts hold the differing answer). Run so on 2026-12-08: the `issue` case's
+flip is not a near tie (gap 0.061, the cached and recomputed probe rows equal): a real deviation, strict xfail below.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import statistics
 import pytest
 
 from k3_sglang.serving.process import K3ServerProcess
-from k3_sglang.tooling.bench.session_traffic import SessionTraffic, run_sessions
+from k3_sglang.tooling.bench.session_traffic import SessionTraffic, run_sessions, turn_prompt
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(7200)]
 CASES = {  # name -> (device pool tokens, traffic)
@@ -40,6 +44,7 @@ CASES = {  # name -> (device pool tokens, traffic)
 
 
 def _arm(tiny_dir, tmp_path_factory, name: str, pool: int, traffic: SessionTraffic, extra: list[str]):
+    """Start a server, send the traffic; (records, server): the caller stops the server."""
     log = tmp_path_factory.mktemp(name) / "serve.log"
     args = ["--model-path", str(tiny_dir), "--dtype", "float32", "--max-total-tokens", str(pool),
             "--watchdog-timeout", "1200", *extra]
@@ -48,20 +53,52 @@ def _arm(tiny_dir, tmp_path_factory, name: str, pool: int, traffic: SessionTraff
     try:
         return run_sessions(server.url, traffic, on_turn=lambda r: print(
             f"[{name}] session {r.session} turn {r.turn}: prompt {r.prompt_tokens}, cached {r.cached_tokens} "
-            f"{r.cached_by_tier or ''}, latency {r.latency_s:.2f} s", flush=True))
+            f"{r.cached_by_tier or ''}, latency {r.latency_s:.2f} s", flush=True)), server
     except Exception:
         print(server.log_tail(8000))
-        raise
-    finally:
         server.stop()
+        raise
 
 
-@pytest.mark.parametrize("case", list(CASES))
+def assert_same_answers_or_near_ties(off, on, traffic: SessionTraffic, server) -> None:
+    """Every answer of the HiCache arm equals the off arm's, except where a session's first differing token is a
+    float32 near tie that caching alone reproduces (bench/cache_identity.py, probed on the HiCache arm's `server`);
+    that session's later turns are then not comparable. Prints every judged flip."""
+    from k3_sglang.tooling.bench import cache_identity
+    from k3_sglang.tooling.bench.output_identity import server_vocab
+
+    flips = cache_identity.first_flips(off, on)
+    vocab = server_vocab(server.url) if flips else 0
+    verdicts = []
+    for index, pos in flips:
+        ref, got = off[index], on[index]
+        context = turn_prompt(traffic, off, ref.session, ref.turn) + list(ref.output_ids[:pos])
+        verdict = cache_identity.judge(server.url, vocab, context, ref.output_ids[pos], got.output_ids[pos])
+        print(f"session {ref.session} turn {ref.turn} @{pos}: {ref.output_ids[pos]} (off) vs {got.output_ids[pos]} "
+              f"(HiCache): {verdict.why}", flush=True)
+        verdicts.append((ref.session, ref.turn, pos, verdict))
+    assert all(v.near_tie for *_, v in verdicts), verdicts
+
+
+# A real deviation, found by the judged check on 2026-12-08 (not a near tie): session 2's third turn resumes a
+# 6,271-token history all from the host tier, written by a turn that had itself resumed from the host tier, and its
+# log-probabilities differ from a recompute by up to 0.42 nats at its first token and 5.3 at its 8th (float32;
+# its second turn, resumed once, agrees to 9e-5). Same with SGLang's own UnifiedRadixCache (`k3` radix cache left
+# out), so not our cache subclass; the cause (SGLang's hybrid HiCache or our CPU platform) is open (docs/sessions.md).
+KNOWN = {"issue": pytest.mark.xfail(strict=True, reason="a history resumed twice from the host tier deviates from a "
+                                    "recompute (docs/sessions.md, limits)")}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=KNOWN.get(c, ())) for c in CASES])
 def test_hicache_alone_halves_the_last_turn_of_eight_paused_sessions(tiny_dir, tmp_path_factory, case):
     pool, traffic = CASES[case]
-    off = _arm(tiny_dir, tmp_path_factory, "hicache-off", pool, traffic, [])
-    on = _arm(tiny_dir, tmp_path_factory, "hicache-alone", pool, traffic, ["--enable-hierarchical-cache"])
-    assert [r.output_ids for r in on] == [r.output_ids for r in off]
+    off, server = _arm(tiny_dir, tmp_path_factory, "hicache-off", pool, traffic, [])
+    server.stop()
+    on, server = _arm(tiny_dir, tmp_path_factory, "hicache-alone", pool, traffic, ["--enable-hierarchical-cache"])
+    try:
+        assert_same_answers_or_near_ties(off, on, traffic, server)
+    finally:
+        server.stop()
     last = traffic.turns - 1
     on_last, off_last = [r for r in on if r.turn == last], [r for r in off if r.turn == last]
     assert all(r.cached_tokens >= 0.9 * r.prompt_tokens for r in on_last), \

@@ -40,7 +40,8 @@ def test_arm_flags_size_the_pools_from_the_traffic():
     l3 = arm_flags("host-l3", TRAFFIC, 4)
     assert l3[-2:] == ["--hicache-storage-backend", "mooncake"] and float(l3[4]) * 1536 < live
     assert int(arm_flags("resident", TRAFFIC, 4)[1]) >= live
-    assert arm_flags("restart", TRAFFIC, 4) == l3[:-1] + ["file"]  # the host-l3 pools, the file store
+    # the host-l3 pools, the file store, and a prefetch that waits (a KDA model discards a partial one)
+    assert arm_flags("restart", TRAFFIC, 4) == l3[:-1] + ["file", "--hicache-storage-prefetch-policy", "wait_complete"]
     with pytest.raises(ValueError, match="unknown arm"):
         arm_flags("gpu", TRAFFIC, 4)
 

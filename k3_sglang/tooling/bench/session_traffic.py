@@ -77,6 +77,16 @@ def plan_session_prompts(traffic: SessionTraffic) -> tuple[list[list[int]], list
     return openings, tools
 
 
+def turn_prompt(traffic: SessionTraffic, records: list[TurnRecord], session: int, turn: int) -> list[int]:
+    """The prompt ids `session` sent at `turn`, rebuilt from the traffic plan and the answers in `records`."""
+    openings, tools = plan_session_prompts(traffic)
+    said = {(r.session, r.turn): r.output_ids for r in records}
+    ids = list(openings[session])
+    for t in range(1, turn + 1):
+        ids += list(said[(session, t - 1)]) + tools[session][t - 1]
+    return ids
+
+
 def generate(url: str, input_ids: list[int], max_new_tokens: int, timeout_s: float = 600.0) -> TurnRecord:
     """One greedy streamed `/generate` request; returns its TTFT, latency, answer and cache report
     (session/turn left 0)."""

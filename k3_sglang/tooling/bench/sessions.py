@@ -10,9 +10,12 @@ server per arm, in one run:
 - `host-l3`: the same device pool + a host tier holding about half of them + Mooncake store (L3) for the rest, its
   master started here on loopback;
 - `resident`: a device pool holding every session, HiCache off (the ceiling);
-- `restart`: the host-l3 arm's pools with the file store (L3) instead of Mooncake; the worker is stopped after the
-  second-to-last turn and a new process started on the same storage directory, so the last turn resumes from what
-  survives a restart (its resumed-turn figures count the last turn only).
+- `restart`: the host-l3 arm's pools with the file store (L3) instead of Mooncake and SGLang's `wait_complete`
+  prefetch policy; the worker is stopped after the second-to-last turn and a new process started on the same storage
+  directory, so the last turn resumes from what survives a restart (its resumed-turn figures count the last turn
+  only). Under SGLang's default `timeout` policy the deadline is 1 s + 0.25 s per 1K tokens, and a KDA model's
+  prefetch that misses it is discarded whole (its KDA state is stored at the end of the history only): measured at
+  64K tokens, the file store read 21,632 to 30,080 of 65,543 pages by the 17 s deadline and every turn was recomputed.
 
 Per arm: resumed-turn TTFT p50/p99, prompt tokens prefilled per resumed turn, cache hits by tier, and whether every
 answer equals the `off` arm's (bench/sessions_summary.py); the ratios off/host and host/resident against the issue's
@@ -81,6 +84,8 @@ def arm_flags(arm: str, traffic: SessionTraffic, oversubscription: float) -> lis
                   "--hicache-storage-backend", "mooncake" if arm == "host-l3" else "file"]
     elif arm != "off":
         raise ValueError(f"unknown arm {arm!r}")
+    if arm == "restart":  # a KDA model keeps no partial prefetch: SGLang's deadline (1 s + 0.25 s per 1K tokens) would
+        flags += ["--hicache-storage-prefetch-policy", "wait_complete"]  # discard a 64K read from files, then recompute
     return flags
 
 
