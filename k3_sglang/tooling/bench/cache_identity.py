@@ -18,7 +18,15 @@ common context (the turn's prompt + the answer tokens both arms agree on), one s
 `classify` calls the flip a near tie when (a) delta <= MAX_DELTA (the rows agree to rounding: a wrong cached state,
 page or checkpoint moves log-probabilities by far more), (b) the two arms' tokens are the recomputed row's top two,
 and (c) their gap there is at most 2 x delta (each row may sit delta away from the other arm's). Anything else, a
-probe that found nothing cached or nothing recomputed included, is not a near tie and fails the check.
+probe that found nothing cached or nothing recomputed included, is not a near tie.
+
+A flip that is not a near tie can still be the recompute's doing: K3's MoE routing picks the top experts by score,
+and where two scores sit within rounding (a routing near tie) float32 in one chunking picks one expert and in
+another chunking the other, moving that token's hidden state by far more than rounding. So a flip the probes do not
+excuse is judged by an exact model (`reference_verdict`, the float64 reference of tests/utils/reference_k3.py):
+excused when the cached arm's token is the reference's argmax. Measured on 2026-12-08 (the HiCache default-sessions
+test): the cached arm's row agreed with float64 to 5e-5, the recompute's differed by 0.42, and the reference shows a
+routing margin of 1.7e-6 four tokens before the answer, inside the part the two arms chunk differently.
 """
 from __future__ import annotations
 
@@ -41,7 +49,7 @@ class Probe:
 class CacheFlip:
     """One session's first differing answer token, judged."""
 
-    near_tie: bool
+    excused: bool
     why: str
     gap: float | None = None  # |logprob(ref) - logprob(other)| in the recomputed row
     delta: float | None = None  # max |recomputed - cached| over the row
@@ -75,6 +83,23 @@ def classify(ref_token: int, other_token: int, recomputed: Probe, cached: Probe,
     if gap > 2 * delta:
         return CacheFlip(False, f"gap {gap:.3g} above 2 x delta {delta:.3g}", gap, delta)
     return CacheFlip(True, f"near tie: gap {gap:.3g} <= 2 x delta {delta:.3g}", gap, delta)
+
+
+def reference_verdict(reference_row: Sequence[float], ref_token: int, other_token: int) -> CacheFlip:
+    """A flip the probes did not excuse, judged by an exact model: `reference_row` is a float64 reference's
+    log-probability row at the first differing position ([vocab]). Excused when the cached arm's token
+    (`other_token`) is the reference's argmax and the recompute's (`ref_token`) is not: then the recompute is the arm
+    that strayed (e.g. an MoE routing near tie that float32 rounding flipped in its chunk boundaries)."""
+    row = [float(x) for x in reference_row]
+    if any(math.isnan(x) for x in row) or not (0 <= min(ref_token, other_token)
+                                                and max(ref_token, other_token) < len(row)):
+        return CacheFlip(False, "no usable reference row")
+    best = max(range(len(row)), key=lambda t: row[t])
+    gap = abs(row[ref_token] - row[other_token])
+    if best == other_token:
+        return CacheFlip(True, f"the cached arm's token is the float64 reference's argmax (the recompute's is "
+                               f"{gap:.3g} below it): the recompute strayed", gap)
+    return CacheFlip(False, f"the float64 reference's argmax is {best}, not the cached arm's {other_token}", gap)
 
 
 def probe(url: str, context: list[int], vocab: int) -> Probe:
