@@ -103,20 +103,11 @@ def reference_verdict(reference_row: Sequence[float], ref_token: int, other_toke
 
 
 def probe(url: str, context: list[int], vocab: int) -> Probe:
-    """The server's log-probability row for the token after `context` and the tokens it found cached: one greedy
-    prefill request with return_logprob and top_logprobs_num = vocab."""
-    import httpx
+    """The server's log-probability row for the token after `context` and the tokens it found cached (one greedy
+    prefill request, output_identity.probe_response)."""
+    from k3_sglang.tooling.bench.output_identity import probe_response
 
-    body = {"input_ids": context, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-            "return_logprob": True, "top_logprobs_num": vocab}
-    resp = httpx.post(url + "/generate", json=body, timeout=1200)
-    if resp.status_code != 200:
-        raise RuntimeError(f"probe /generate answered {resp.status_code}: {resp.text[:300]}")
-    meta = resp.json()["meta_info"]
-    row = [float("-inf")] * vocab
-    for lp, tok, *_ in meta["output_top_logprobs"][0]:
-        if 0 <= tok < vocab:
-            row[tok] = float("nan") if lp is None else float(lp)
+    row, meta = probe_response(url, context, vocab)
     return Probe(tuple(row), int(meta.get("cached_tokens", 0)))
 
 

@@ -88,22 +88,28 @@ def classify(ref_token: int | None, other_token: int | None, row: Sequence[float
     return Verdict(False, gap, tolerance, "gap above the row's rounding", rank)
 
 
-def probe_row(url: str, context: list[int], vocab: int, http=None) -> list[float]:
-    """A's log-probability row for the token after `context` ([vocab] floats by token id; -inf where unreported):
-    one greedy prefill request with return_logprob and top_logprobs_num = vocab."""
+def probe_response(url: str, context: list[int], vocab: int, http=None) -> tuple[list[float], dict]:
+    """(row, meta_info) of one greedy prefill request after `context` with return_logprob and top_logprobs_num =
+    vocab: the row is [vocab] log-probabilities by token id (-inf where unreported, NaN where null)."""
     import httpx
 
     body = {"input_ids": context, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
             "return_logprob": True, "top_logprobs_num": vocab}
-    post = http.post if http is not None else (lambda u, json: httpx.post(u, json=json, timeout=600))
+    post = http.post if http is not None else (lambda u, json: httpx.post(u, json=json, timeout=1200))
     resp = post(url + "/generate", json=body)
     if resp.status_code != 200:
         raise RuntimeError(f"probe /generate answered {resp.status_code}: {resp.text[:300]}")
+    meta = resp.json()["meta_info"]
     row = [float("-inf")] * vocab
-    for lp, tok, *_ in resp.json()["meta_info"]["output_top_logprobs"][0]:
+    for lp, tok, *_ in meta["output_top_logprobs"][0]:
         if 0 <= tok < vocab:
             row[tok] = float("nan") if lp is None else float(lp)
-    return row
+    return row, meta
+
+
+def probe_row(url: str, context: list[int], vocab: int, http=None) -> list[float]:
+    """A's log-probability row for the token after `context` ([vocab] floats by token id; -inf where unreported)."""
+    return probe_response(url, context, vocab, http)[0]
 
 
 def server_vocab(url: str) -> int:

@@ -106,8 +106,8 @@ def run_arm(arm: str, traffic: SessionTraffic, args: argparse.Namespace, workdir
     if arm == "restart":
         (workdir / "file-l3").mkdir(exist_ok=True)
         env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = str(workdir / "file-l3")
-    stages = [range(traffic.turns)] if arm != "restart" else [range(traffic.turns - 1), range(traffic.turns - 1,
-                                                                                              traffic.turns)]
+    split = resumed_from(arm, traffic)  # the restart arm's new worker serves the turns from here on
+    stages = [range(split), range(split, traffic.turns)] if arm == "restart" else [range(traffic.turns)]
     records: list[TurnRecord] = []
     try:
         for n, turns in enumerate(stages):
