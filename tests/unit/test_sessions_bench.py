@@ -131,3 +131,19 @@ def test_run_sessions_resumes_from_another_servers_records(monkeypatch):
         (r.session, r.turn, r.output_ids) for r in whole]
     with pytest.raises(ValueError, match="no earlier record"):
         session_traffic.run_sessions("b", traffic, turns=range(2, 3), earlier=before[:3])
+
+
+def test_an_aborted_request_fails_the_bench_instead_of_passing_as_an_answer(monkeypatch):
+    """SGLang answers a prompt longer than the KV pool with a finished stream whose finish_reason is `abort`: the
+    bench must raise, not time a one-token "answer"."""
+    import io
+    import json as _json
+
+    from k3_sglang.tooling.bench import session_traffic
+
+    chunk = {"output_ids": [7], "meta_info": {"cached_tokens": 0, "finish_reason": {
+        "type": "abort", "message": "Input length (1500 tokens) exceeds the maximum allowed length (1018 tokens)."}}}
+    body = f"data: {_json.dumps(chunk)}\n\ndata: [DONE]\n".encode()
+    monkeypatch.setattr(session_traffic.urllib.request, "urlopen", lambda req, timeout: io.BytesIO(body))
+    with pytest.raises(RuntimeError, match="aborted .1500 prompt tokens.: Input length"):
+        session_traffic.generate("http://127.0.0.1:1", [1] * 1500, 8)
